@@ -1,0 +1,413 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Verdict is the outcome of a decision.
+type Verdict uint8
+
+const (
+	// Deny refuses the connection or request. It is the zero Verdict, so a
+	// Decision nobody filled in denies.
+	Deny Verdict = iota
+	// Allow lets it through.
+	Allow
+	// Ask holds it until a person decides.
+	Ask
+	// NeedsL7 answers a connection-level question about a host that path or
+	// method rules apply to: the proxy must intercept the connection and ask
+	// again for each request.
+	NeedsL7
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Deny:
+		return "deny"
+	case Allow:
+		return "allow"
+	case Ask:
+		return "ask"
+	case NeedsL7:
+		return "needs-l7"
+	}
+	return "Verdict(" + strconv.Itoa(int(v)) + ")"
+}
+
+// Reason says why a decision came out as it did.
+type Reason uint8
+
+const (
+	// ReasonDenyRule: a deny rule matched.
+	ReasonDenyRule Reason = iota + 1
+	// ReasonAllowRule: an allow rule matched.
+	ReasonAllowRule
+	// ReasonPathRules: allow rules for this host look at the method or path.
+	ReasonPathRules
+	// ReasonDenyPathRule: the host is allowed, but a deny rule for some of
+	// its paths or methods must be checked request by request.
+	ReasonDenyPathRule
+	// ReasonUnknown: no rule matched; the sandbox's unknown_action decided.
+	ReasonUnknown
+	// ReasonRawIP: the destination is a raw IP address and no cidr: rule
+	// allows it.
+	ReasonRawIP
+	// ReasonBadHost: the host is not a valid name or address.
+	ReasonBadHost
+)
+
+func (r Reason) String() string {
+	switch r {
+	case ReasonDenyRule:
+		return "a deny rule matched"
+	case ReasonAllowRule:
+		return "an allow rule matched"
+	case ReasonPathRules:
+		return "rules for this host look at the method or path; each request is decided on its own"
+	case ReasonDenyPathRule:
+		return "a deny rule for some paths or methods of this host is checked request by request"
+	case ReasonUnknown:
+		return "no rule matched; the sandbox's unknown_action decided"
+	case ReasonRawIP:
+		return "raw IP destination and no cidr: rule allows it"
+	case ReasonBadHost:
+		return "not a valid host name"
+	}
+	return "Reason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// Query is what is known about a connection or a request.
+type Query struct {
+	Source string // the sandbox member asking ("agent", "mcp:github"); "" if unknown
+	Host   string // a name or an IP literal; Decide normalises it
+	Port   uint16
+	// Method and Path are set for a request seen by the intercepting proxy
+	// and empty for a connection-level question (DNS name, TLS SNI).
+	Method string
+	Path   string // the request target's path, query allowed; "/" when empty
+}
+
+// IsRequest reports whether q asks about one request rather than about a
+// whole connection.
+func (q *Query) IsRequest() bool { return q.Method != "" || q.Path != "" }
+
+// Decision is the answer to a Query. It is a value: an error from policy
+// means something is broken, never "denied".
+type Decision struct {
+	Verdict Verdict
+	// Rule is the rule that decided, or nil when no rule did (unknown_action,
+	// raw IP, bad host).
+	Rule   *Rule
+	Reason Reason
+	// Unknown is the sandbox's unknown_action when it decided.
+	Unknown Action
+}
+
+// String explains the decision in one line, for logs and 403 pages.
+func (d Decision) String() string {
+	s := d.Verdict.String() + ": " + d.Reason.String()
+	if d.Rule != nil {
+		s += " (" + d.Rule.String() + ")"
+	}
+	if d.Reason == ReasonUnknown {
+		s += " (unknown_action " + d.Unknown.String() + ")"
+	}
+	return s
+}
+
+// Ruleset is an immutable, indexed set of rules and the action for traffic
+// none of them match. It is safe for concurrent use. A decision costs about
+// the same with a hundred thousand host rules as with ten: exact hosts are a
+// map lookup, wildcards one map lookup per label of the host, and only
+// regexes are scanned.
+type Ruleset struct {
+	deny    index
+	allow   index
+	unknown Action
+	count   int
+}
+
+// NewRuleset indexes rules, which may be of both lists and any tier. For the
+// rule a decision names, earlier rules win over later ones, so pass them in
+// tier order: auto, user, session. unknown decides traffic no rule matches;
+// zero means ActionDeny.
+func NewRuleset(unknown Action, rules ...[]*Rule) *Ruleset {
+	if unknown == 0 {
+		unknown = ActionDeny
+	}
+	rs := &Ruleset{unknown: unknown}
+	for _, list := range rules {
+		for _, r := range list {
+			switch r.List {
+			case Denylist:
+				rs.deny.add(r)
+			case Allowlist:
+				rs.allow.add(r)
+			default:
+				continue
+			}
+			rs.count++
+		}
+	}
+	return rs
+}
+
+// Len returns the number of rules in the set.
+func (rs *Ruleset) Len() int { return rs.count }
+
+// Unknown returns the action for traffic no rule matches.
+func (rs *Ruleset) Unknown() Action { return rs.unknown }
+
+// Decide answers q. Deny rules win, then allow rules (auto, user, session),
+// then the unknown action. A raw IP is allowed only by a cidr: rule. A
+// connection-level question about a host that path or method rules apply to
+// answers NeedsL7. Host-only questions do not allocate when the host is
+// already normalised.
+func (rs *Ruleset) Decide(q Query) Decision {
+	host, err := NormalizeHost(q.Host)
+	if err != nil {
+		return Decision{Verdict: Deny, Reason: ReasonBadHost}
+	}
+	isIP := isIPLiteral(host)
+	if q.IsRequest() {
+		return rs.decideRequest(&q, host, isIP)
+	}
+	denyHost, denyL7 := rs.deny.matchHost(host, q.Source, q.Port, isIP)
+	if denyHost != nil {
+		return Decision{Verdict: Deny, Rule: denyHost, Reason: ReasonDenyRule}
+	}
+	allowHost, allowL7 := rs.allow.matchHost(host, q.Source, q.Port, isIP)
+	switch {
+	case allowHost != nil && denyL7 != nil:
+		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
+	case allowHost != nil:
+		return Decision{Verdict: Allow, Rule: allowHost, Reason: ReasonAllowRule}
+	case allowL7 != nil:
+		return Decision{Verdict: NeedsL7, Rule: allowL7, Reason: ReasonPathRules}
+	case isIP:
+		return Decision{Verdict: Deny, Reason: ReasonRawIP}
+	case denyL7 != nil && rs.unknown == ActionAllow:
+		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
+	}
+	return rs.unknownDecision()
+}
+
+func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
+	rq := request{method: upperASCII(q.Method), raw: q.Path}
+	rq.clean, rq.merged, rq.ambiguous = requestPaths(q.Path)
+	if i := strings.IndexAny(rq.raw, "?#"); i >= 0 {
+		rq.raw = rq.raw[:i]
+	}
+	if r := rs.deny.matchRequest(host, q.Source, q.Port, isIP, &rq, true); r != nil {
+		return Decision{Verdict: Deny, Rule: r, Reason: ReasonDenyRule}
+	}
+	if r := rs.allow.matchRequest(host, q.Source, q.Port, isIP, &rq, false); r != nil {
+		return Decision{Verdict: Allow, Rule: r, Reason: ReasonAllowRule}
+	}
+	if isIP {
+		return Decision{Verdict: Deny, Reason: ReasonRawIP}
+	}
+	return rs.unknownDecision()
+}
+
+func (rs *Ruleset) unknownDecision() Decision {
+	d := Decision{Reason: ReasonUnknown, Unknown: rs.unknown}
+	switch rs.unknown {
+	case ActionAllow:
+		d.Verdict = Allow
+	case ActionAsk:
+		d.Verdict = Ask
+	default:
+		d.Verdict = Deny
+	}
+	return d
+}
+
+// request holds the forms of one request's method and path that rules are
+// checked against.
+type request struct {
+	method    string
+	raw       string // the path as sent, without query or fragment
+	clean     string
+	merged    string
+	ambiguous bool
+}
+
+// index finds the rules of one list whose host part matches a host.
+type index struct {
+	exact  map[string][]*Rule // host → rules
+	suffix map[string][]*Rule // domain of a "*.domain" wildcard → rules
+	any    []*Rule
+	regex  []*Rule
+	cidr   []*Rule
+}
+
+func (ix *index) add(r *Rule) {
+	p := &r.Pattern
+	switch p.kind {
+	case KindExact:
+		if ix.exact == nil {
+			ix.exact = make(map[string][]*Rule)
+		}
+		ix.exact[p.host] = append(ix.exact[p.host], r)
+	case KindWildcard:
+		if ix.suffix == nil {
+			ix.suffix = make(map[string][]*Rule)
+		}
+		ix.suffix[p.host] = append(ix.suffix[p.host], r)
+	case KindAny:
+		ix.any = append(ix.any, r)
+	case KindRegex:
+		ix.regex = append(ix.regex, r)
+	case KindCIDR:
+		ix.cidr = append(ix.cidr, r)
+	}
+}
+
+// candidates calls f for every rule whose host part matches host, most
+// specific first: exact, wildcards from the longest domain, "*", regexes.
+// An IP literal is matched by cidr: rules only. f returns false to stop.
+func (ix *index) candidates(host string, isIP bool, f func(*Rule) bool) {
+	if isIP {
+		for _, r := range ix.cidr {
+			if r.Pattern.matchHost(host) && !f(r) {
+				return
+			}
+		}
+		return
+	}
+	for _, r := range ix.exact[host] {
+		if !f(r) {
+			return
+		}
+	}
+	if len(ix.suffix) > 0 {
+		for i := 0; i < len(host); i++ {
+			if host[i] != '.' {
+				continue
+			}
+			for _, r := range ix.suffix[host[i+1:]] {
+				if !f(r) {
+					return
+				}
+			}
+		}
+	}
+	for _, r := range ix.any {
+		if !f(r) {
+			return
+		}
+	}
+	for _, r := range ix.regex {
+		if r.Pattern.matchHost(host) && !f(r) {
+			return
+		}
+	}
+}
+
+// matchHost returns the first rule for host, source and port that needs no
+// request to decide (hostOnly), and the first that looks at the method or
+// path (l7). It stops at the first hostOnly rule.
+func (ix *index) matchHost(host, source string, port uint16, isIP bool) (hostOnly, l7 *Rule) {
+	// candidates does not keep f, so the matcher stays on the stack: a
+	// host-level decision does not allocate.
+	m := hostMatcher{source: source, port: port}
+	ix.candidates(host, isIP, m.visit)
+	return m.hostOnly, m.l7
+}
+
+type hostMatcher struct {
+	source   string
+	port     uint16
+	hostOnly *Rule
+	l7       *Rule
+}
+
+func (m *hostMatcher) visit(r *Rule) bool {
+	if !appliesTo(r, m.source, m.port) {
+		return true
+	}
+	if r.Pattern.NeedsL7() {
+		if m.l7 == nil {
+			m.l7 = r
+		}
+		return true
+	}
+	m.hostOnly = r
+	return false
+}
+
+func (ix *index) matchRequest(host, source string, port uint16, isIP bool, rq *request, deny bool) *Rule {
+	var found *Rule
+	ix.candidates(host, isIP, func(r *Rule) bool {
+		if !appliesTo(r, source, port) {
+			return true
+		}
+		p := &r.Pattern
+		var ok bool
+		switch {
+		case !p.NeedsL7():
+			ok = true
+		case deny:
+			// A deny rule must not be slipped past with another spelling
+			// of the same path.
+			ok = p.matchRequest(rq.method, rq.clean) || p.matchRequest(rq.method, rq.merged) || p.matchRequest(rq.method, rq.raw)
+		case rq.ambiguous && !p.anyPath():
+			ok = false
+		default:
+			ok = p.matchRequest(rq.method, rq.clean)
+		}
+		if ok {
+			found = r
+		}
+		return !ok
+	})
+	return found
+}
+
+func appliesTo(r *Rule, source string, port uint16) bool {
+	return (r.Member == "" || r.Member == source) && r.Pattern.matchPort(port)
+}
+
+func isIPLiteral(host string) bool {
+	// Normalised names never end in a numeric label, so a last byte that is
+	// a digit or a colon means an address.
+	if host == "" {
+		return false
+	}
+	c := host[len(host)-1]
+	if c >= '0' && c <= '9' || c == ':' || c == ']' {
+		_, err := netip.ParseAddr(host)
+		return err == nil
+	}
+	return false
+}
+
+func upperASCII(s string) string {
+	for i := 0; i < len(s); i++ {
+		if 'a' <= s[i] && s[i] <= 'z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if 'a' <= b[j] && b[j] <= 'z' {
+					b[j] -= 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
+
+// Explain returns a user-facing sentence for a decision about host.
+func (d Decision) Explain(host string) string {
+	switch {
+	case d.Rule != nil:
+		return fmt.Sprintf("%s %s: %s, pattern %q in the %s (%s)", d.Verdict, host, d.Reason, d.Rule.Pattern.String(), d.Rule.List, d.Rule.Tier)
+	default:
+		return fmt.Sprintf("%s %s: %s", d.Verdict, host, d.Reason)
+	}
+}

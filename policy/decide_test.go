@@ -1,0 +1,480 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// ruleset builds a Ruleset from patterns; a pattern prefixed "deny " goes to
+// the denylist, "auto "/"session " choose the tier, "@member " restricts it.
+func ruleset(t testing.TB, unknown Action, specs ...string) *Ruleset {
+	t.Helper()
+	var rules []*Rule
+	for _, s := range specs {
+		list, tier, member := Allowlist, User, ""
+		for {
+			switch {
+			case len(s) > 5 && s[:5] == "deny ":
+				list, s = Denylist, s[5:]
+				continue
+			case len(s) > 5 && s[:5] == "auto ":
+				tier, s = Auto, s[5:]
+				continue
+			case len(s) > 8 && s[:8] == "session ":
+				tier, s = Session, s[8:]
+				continue
+			case len(s) > 1 && s[0] == '@':
+				i := 0
+				for i < len(s) && s[i] != ' ' {
+					i++
+				}
+				member, s = s[1:i], s[i+1:]
+				continue
+			}
+			break
+		}
+		p, err := Parse(s, ParseOptions{Force: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rules = append(rules, NewRule(list, tier, p, member, "test", timeZero))
+	}
+	return NewRuleset(unknown, rules)
+}
+
+func TestDecide(t *testing.T) {
+	type want struct {
+		verdict Verdict
+		rule    string // canonical pattern of the deciding rule, "" for none
+		reason  Reason
+	}
+	tests := []struct {
+		name    string
+		unknown Action
+		rules   []string
+		q       Query
+		want    want
+	}{
+		{
+			name:  "exact allow",
+			rules: []string{"api.github.com"},
+			q:     Query{Host: "api.github.com", Port: 443},
+			want:  want{Allow, "api.github.com", ReasonAllowRule},
+		},
+		{
+			name:  "mixed case and trailing dot allowed",
+			rules: []string{"api.github.com"},
+			q:     Query{Host: "API.GitHub.com.", Port: 443},
+			want:  want{Allow, "api.github.com", ReasonAllowRule},
+		},
+		{
+			name:    "unknown asks",
+			unknown: ActionAsk,
+			rules:   []string{"api.github.com"},
+			q:       Query{Host: "unknown.test", Port: 443},
+			want:    want{Ask, "", ReasonUnknown},
+		},
+		{
+			name:    "unknown denies",
+			unknown: ActionDeny,
+			q:       Query{Host: "unknown.test", Port: 443},
+			want:    want{Deny, "", ReasonUnknown},
+		},
+		{
+			name:    "unknown allows",
+			unknown: ActionAllow,
+			q:       Query{Host: "unknown.test", Port: 443},
+			want:    want{Allow, "", ReasonUnknown},
+		},
+		{
+			name:  "deny wins over allow",
+			rules: []string{"*.example.com", "deny evil.example.com"},
+			q:     Query{Host: "evil.example.com", Port: 443},
+			want:  want{Deny, "evil.example.com", ReasonDenyRule},
+		},
+		{
+			name:  "deny wins over session allow",
+			rules: []string{"session pastebin.com", "deny pastebin.com"},
+			q:     Query{Host: "pastebin.com", Port: 443},
+			want:  want{Deny, "pastebin.com", ReasonDenyRule},
+		},
+		{
+			name:    "deny wins over unknown allow",
+			unknown: ActionAllow,
+			rules:   []string{"deny *.pastebin.com"},
+			q:       Query{Host: "x.PASTEBIN.com", Port: 80},
+			want:    want{Deny, "*.pastebin.com", ReasonDenyRule},
+		},
+		{
+			name:  "deny regex ignores case",
+			rules: []string{"*.example.com", `deny regex:.*\.Evil\.example\.com`},
+			q:     Query{Host: "a.evil.example.com", Port: 443},
+			want:  want{Deny, `regex:.*\.Evil\.example\.com`, ReasonDenyRule},
+		},
+		{
+			name:  "auto named before user",
+			rules: []string{"auto api.anthropic.com", "api.anthropic.com"},
+			q:     Query{Host: "api.anthropic.com", Port: 443},
+			want:  want{Allow, "api.anthropic.com", ReasonAllowRule},
+		},
+		{
+			name:  "most specific wildcard named",
+			rules: []string{"*.example.com", "*.api.example.com"},
+			q:     Query{Host: "v1.api.example.com", Port: 443},
+			want:  want{Allow, "*.api.example.com", ReasonAllowRule},
+		},
+		{
+			name:    "wildcard does not match its domain",
+			unknown: ActionDeny,
+			rules:   []string{"*.example.com"},
+			q:       Query{Host: "example.com", Port: 443},
+			want:    want{Deny, "", ReasonUnknown},
+		},
+		{
+			name:  "path rule needs L7",
+			rules: []string{"api.example.com/v1/*"},
+			q:     Query{Host: "api.example.com", Port: 443},
+			want:  want{NeedsL7, "api.example.com/v1/*", ReasonPathRules},
+		},
+		{
+			name:  "method rule needs L7",
+			rules: []string{"GET api.github.com/repos/*"},
+			q:     Query{Host: "api.github.com", Port: 443},
+			want:  want{NeedsL7, "GET api.github.com/repos/*", ReasonPathRules},
+		},
+		{
+			name:  "host allow with a path deny needs L7",
+			rules: []string{"api.example.com", "deny api.example.com/admin/*"},
+			q:     Query{Host: "api.example.com", Port: 443},
+			want:  want{NeedsL7, "api.example.com/admin/*", ReasonDenyPathRule},
+		},
+		{
+			name:    "unknown allow with a path deny needs L7",
+			unknown: ActionAllow,
+			rules:   []string{"deny api.example.com/admin/*"},
+			q:       Query{Host: "api.example.com", Port: 443},
+			want:    want{NeedsL7, "api.example.com/admin/*", ReasonDenyPathRule},
+		},
+		{
+			name:  "host/* is host level",
+			rules: []string{"api.example.com/*"},
+			q:     Query{Host: "api.example.com", Port: 443},
+			want:  want{Allow, "api.example.com/*", ReasonAllowRule},
+		},
+		{
+			name:  "request under allowed path",
+			rules: []string{"api.example.com/v1/*"},
+			q:     Query{Host: "api.example.com", Port: 443, Method: "GET", Path: "/v1/users"},
+			want:  want{Allow, "api.example.com/v1/*", ReasonAllowRule},
+		},
+		{
+			name:    "request outside allowed path",
+			unknown: ActionAsk,
+			rules:   []string{"api.example.com/v1/*"},
+			q:       Query{Host: "api.example.com", Port: 443, Method: "GET", Path: "/v2/users"},
+			want:    want{Ask, "", ReasonUnknown},
+		},
+		{
+			name:    "dot segments do not escape an allowed path",
+			unknown: ActionDeny,
+			rules:   []string{"api.example.com/v1/*"},
+			q:       Query{Host: "api.example.com", Port: 443, Method: "GET", Path: "/v1/../admin"},
+			want:    want{Deny, "", ReasonUnknown},
+		},
+		{
+			name:    "encoded slash is not allowed by a path rule",
+			unknown: ActionDeny,
+			rules:   []string{"api.example.com/v1/*"},
+			q:       Query{Host: "api.example.com", Port: 443, Method: "GET", Path: "/v1/..%2fadmin"},
+			want:    want{Deny, "", ReasonUnknown},
+		},
+		{
+			name:  "deny path matched through dot segments",
+			rules: []string{"api.example.com", "deny api.example.com/admin/*"},
+			q:     Query{Host: "api.example.com", Port: 443, Method: "GET", Path: "/public/../admin/x"},
+			want:  want{Deny, "api.example.com/admin/*", ReasonDenyRule},
+		},
+		{
+			name:  "deny path matched through doubled slashes",
+			rules: []string{"api.example.com", "deny api.example.com/admin/*"},
+			q:     Query{Host: "api.example.com", Port: 443, Method: "GET", Path: "//admin//x"},
+			want:  want{Deny, "api.example.com/admin/*", ReasonDenyRule},
+		},
+		{
+			name:  "deny path matched through encoding",
+			rules: []string{"api.example.com", "deny api.example.com/admin/*"},
+			q:     Query{Host: "api.example.com", Port: 443, Method: "GET", Path: "/%61dmin/x"},
+			want:  want{Deny, "api.example.com/admin/*", ReasonDenyRule},
+		},
+		{
+			name:  "other paths of a host with a path deny pass",
+			rules: []string{"api.example.com", "deny api.example.com/admin/*"},
+			q:     Query{Host: "api.example.com", Port: 443, Method: "GET", Path: "/public/x"},
+			want:  want{Allow, "api.example.com", ReasonAllowRule},
+		},
+		{
+			name:  "method rule allows its method",
+			rules: []string{"GET api.github.com/repos/*"},
+			q:     Query{Host: "api.github.com", Port: 443, Method: "GET", Path: "/repos/a/b"},
+			want:  want{Allow, "GET api.github.com/repos/*", ReasonAllowRule},
+		},
+		{
+			name:    "method rule refuses other methods",
+			unknown: ActionAsk,
+			rules:   []string{"GET api.github.com/repos/*"},
+			q:       Query{Host: "api.github.com", Port: 443, Method: "DELETE", Path: "/repos/a/b"},
+			want:    want{Ask, "", ReasonUnknown},
+		},
+		{
+			name:  "deny method rule",
+			rules: []string{"api.github.com", "deny DELETE api.github.com"},
+			q:     Query{Host: "api.github.com", Port: 443, Method: "delete", Path: "/repos/a/b"},
+			want:  want{Deny, "DELETE api.github.com", ReasonDenyRule},
+		},
+		{
+			name:    "port rule admits its port",
+			unknown: ActionDeny,
+			rules:   []string{"db.example.com:5432"},
+			q:       Query{Host: "db.example.com", Port: 5432},
+			want:    want{Allow, "db.example.com:5432", ReasonAllowRule},
+		},
+		{
+			name:    "port rule does not admit 443",
+			unknown: ActionDeny,
+			rules:   []string{"db.example.com:5432"},
+			q:       Query{Host: "db.example.com", Port: 443},
+			want:    want{Deny, "", ReasonUnknown},
+		},
+		{
+			name:    "no port means 80 and 443 only",
+			unknown: ActionDeny,
+			rules:   []string{"api.github.com"},
+			q:       Query{Host: "api.github.com", Port: 22},
+			want:    want{Deny, "", ReasonUnknown},
+		},
+		{
+			name:    "member rule for its member",
+			unknown: ActionDeny,
+			rules:   []string{"@mcp:github api.github.com"},
+			q:       Query{Source: "mcp:github", Host: "api.github.com", Port: 443},
+			want:    want{Allow, "api.github.com", ReasonAllowRule},
+		},
+		{
+			name:    "member rule not for others",
+			unknown: ActionDeny,
+			rules:   []string{"@mcp:github api.github.com"},
+			q:       Query{Source: "agent", Host: "api.github.com", Port: 443},
+			want:    want{Deny, "", ReasonUnknown},
+		},
+		{
+			name:  "member deny only for its member",
+			rules: []string{"api.github.com", "deny @agent api.github.com"},
+			q:     Query{Source: "mcp:github", Host: "api.github.com", Port: 443},
+			want:  want{Allow, "api.github.com", ReasonAllowRule},
+		},
+		{
+			name:    "raw IP denied even when unknown allows",
+			unknown: ActionAllow,
+			q:       Query{Host: "203.0.113.7", Port: 443},
+			want:    want{Deny, "", ReasonRawIP},
+		},
+		{
+			name:    "raw IP not matched by host rules",
+			unknown: ActionAsk,
+			rules:   []string{"*", `regex:.*`},
+			q:       Query{Host: "203.0.113.7", Port: 443},
+			want:    want{Deny, "", ReasonRawIP},
+		},
+		{
+			name:  "cidr allows raw IP",
+			rules: []string{"cidr:203.0.113.0/24"},
+			q:     Query{Host: "203.0.113.7", Port: 443},
+			want:  want{Allow, "cidr:203.0.113.0/24", ReasonAllowRule},
+		},
+		{
+			name:  "cidr with port",
+			rules: []string{"cidr:203.0.113.7/32:22"},
+			q:     Query{Host: "203.0.113.7", Port: 22},
+			want:  want{Allow, "cidr:203.0.113.7/32:22", ReasonAllowRule},
+		},
+		{
+			name:  "cidr deny wins",
+			rules: []string{"cidr:203.0.113.0/24", "deny cidr:203.0.113.128/25"},
+			q:     Query{Host: "203.0.113.200", Port: 443},
+			want:  want{Deny, "cidr:203.0.113.128/25", ReasonDenyRule},
+		},
+		{
+			name:  "cidr does not match names",
+			rules: []string{"cidr:203.0.113.0/24"},
+			q:     Query{Host: "allowed.test", Port: 443},
+			want:  want{Ask, "", ReasonUnknown},
+		},
+		{
+			name:    "numeric host is not a name",
+			unknown: ActionAllow,
+			q:       Query{Host: "3405803783", Port: 80},
+			want:    want{Deny, "", ReasonBadHost},
+		},
+		{
+			name:    "garbage host",
+			unknown: ActionAllow,
+			q:       Query{Host: "a b\x00c", Port: 80},
+			want:    want{Deny, "", ReasonBadHost},
+		},
+		{
+			name:  "IDNA host matches punycode rule",
+			rules: []string{"xn--bcher-kva.example"},
+			q:     Query{Host: "BÜCHER.example", Port: 443},
+			want:  want{Allow, "xn--bcher-kva.example", ReasonAllowRule},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			unknown := tt.unknown
+			if unknown == 0 {
+				unknown = ActionAsk
+			}
+			d := ruleset(t, unknown, tt.rules...).Decide(tt.q)
+			got := want{d.Verdict, "", d.Reason}
+			if d.Rule != nil {
+				got.rule = d.Rule.Pattern.String()
+			}
+			if got != tt.want {
+				t.Errorf("Decide(%+v) = %+v, want %+v (%s)", tt.q, got, tt.want, d)
+			}
+		})
+	}
+}
+
+func TestDecisionZeroValueDenies(t *testing.T) {
+	var d Decision
+	if d.Verdict != Deny {
+		t.Fatalf("zero Decision has verdict %v, want deny", d.Verdict)
+	}
+	if rs := NewRuleset(0); rs.Decide(Query{Host: "x.test", Port: 443}).Verdict != Deny {
+		t.Fatal("a Ruleset with no unknown action must deny unknown hosts")
+	}
+}
+
+func TestDecisionExplainNamesRule(t *testing.T) {
+	d := ruleset(t, ActionAsk, "deny pastebin.com").Decide(Query{Host: "pastebin.com", Port: 443})
+	got := d.Explain("pastebin.com")
+	want := `deny pastebin.com: a deny rule matched, pattern "pastebin.com" in the denylist (user)`
+	if got != want {
+		t.Errorf("Explain = %q, want %q", got, want)
+	}
+}
+
+func TestDecideHostOnlyDoesNotAllocate(t *testing.T) {
+	rs := ruleset(t, ActionAsk, "api.github.com", "*.googleapis.com", "deny pastebin.com",
+		`regex:.*\.internal\.company\.com`, "api.example.com/v1/*", "cidr:203.0.113.0/24")
+	for _, q := range []Query{
+		{Host: "api.github.com", Port: 443},
+		{Host: "storage.googleapis.com", Port: 443},
+		{Host: "pastebin.com", Port: 443},
+		{Host: "git.internal.company.com", Port: 443},
+		{Host: "api.example.com", Port: 443},
+		{Host: "unknown.test", Port: 443},
+		{Host: "203.0.113.9", Port: 443},
+	} {
+		allocs := testing.AllocsPerRun(100, func() { rs.Decide(q) })
+		if allocs != 0 {
+			t.Errorf("Decide(%s) allocates %v times, want 0", q.Host, allocs)
+		}
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	tests := []struct {
+		host string
+		want []string
+	}{
+		{"api.unknown.com", []string{"api.unknown.com", "api.unknown.com/*", "*.unknown.com", "*.unknown.com/*"}},
+		{"API.Unknown.COM.", []string{"api.unknown.com", "api.unknown.com/*", "*.unknown.com", "*.unknown.com/*"}},
+		{"a.b.example.co.uk", []string{"a.b.example.co.uk", "a.b.example.co.uk/*", "*.example.co.uk", "*.example.co.uk/*"}},
+		{"storage.googleapis.com", []string{"storage.googleapis.com", "storage.googleapis.com/*", "*.storage.googleapis.com", "*.storage.googleapis.com/*"}},
+		{"com", []string{"com", "com/*"}},
+		{"203.0.113.7", []string{"cidr:203.0.113.7/32"}},
+	}
+	for _, tt := range tests {
+		s, err := Suggest(tt.host)
+		if err != nil {
+			t.Fatalf("Suggest(%q): %v", tt.host, err)
+		}
+		var got []string
+		for _, x := range s {
+			got = append(got, x.Pattern)
+			if _, err := Parse(x.Pattern, ParseOptions{}); err != nil {
+				t.Errorf("Suggest(%q) offers %q, which Parse refuses: %v", tt.host, x.Pattern, err)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Errorf("Suggest(%q) = %q, want %q", tt.host, got, tt.want)
+		}
+	}
+	if _, err := Suggest("not a host"); err == nil {
+		t.Error("Suggest of a bad host succeeded")
+	}
+}
+
+// benchRules returns n rules: mostly exact hosts, a tenth wildcards and a
+// tenth path rules, as a large real allowlist would hold.
+func benchRules(n int) ([]*Rule, []string) {
+	rules := make([]*Rule, 0, n)
+	hosts := make([]string, 0, n)
+	for i := 0; i < n; i++ {
+		var s, h string
+		switch i % 10 {
+		case 0:
+			s, h = fmt.Sprintf("*.svc%d.example.com", i), fmt.Sprintf("api.svc%d.example.com", i)
+		case 1:
+			s, h = fmt.Sprintf("api%d.example.net/v1/*", i), fmt.Sprintf("api%d.example.net", i)
+		default:
+			s, h = fmt.Sprintf("host%d.example.org", i), fmt.Sprintf("host%d.example.org", i)
+		}
+		rules = append(rules, NewRule(Allowlist, User, MustParse(s), "", "bench", timeZero))
+		hosts = append(hosts, h)
+	}
+	return rules, hosts
+}
+
+func BenchmarkDecideHost(b *testing.B) {
+	for _, n := range []int{10, 1000, 100000} {
+		rules, hosts := benchRules(n)
+		rs := NewRuleset(ActionAsk, rules)
+		r := rand.New(rand.NewPCG(1, 2))
+		qs := make([]Query, 1024)
+		for i := range qs {
+			h := hosts[r.IntN(len(hosts))]
+			if i%4 == 3 {
+				h = fmt.Sprintf("unknown%d.test", i)
+			}
+			qs[i] = Query{Host: h, Port: 443}
+		}
+		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				rs.Decide(qs[i&1023])
+			}
+		})
+	}
+}
+
+func BenchmarkDecideRequest(b *testing.B) {
+	for _, n := range []int{10, 1000, 100000} {
+		rules, hosts := benchRules(n)
+		rs := NewRuleset(ActionAsk, rules)
+		r := rand.New(rand.NewPCG(1, 2))
+		qs := make([]Query, 1024)
+		for i := range qs {
+			qs[i] = Query{Host: hosts[r.IntN(len(hosts))], Port: 443, Method: "GET", Path: "/v1/users/7?page=2"}
+		}
+		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				rs.Decide(qs[i&1023])
+			}
+		})
+	}
+}

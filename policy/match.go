@@ -1,0 +1,191 @@
+package policy
+
+import (
+	"net/netip"
+	"strings"
+)
+
+// matchPort reports whether a pattern's port admits port: a pattern without a
+// port admits 80 and 443.
+func (p *Pattern) matchPort(port uint16) bool {
+	if p.port == 0 {
+		return port == 80 || port == 443
+	}
+	return p.port == port
+}
+
+// matchHost reports whether the pattern's host part matches a normalised
+// host. CIDR patterns match only IP literals.
+func (p *Pattern) matchHost(host string) bool {
+	switch p.kind {
+	case KindExact:
+		return p.host == host
+	case KindWildcard:
+		return len(host) > len(p.host) && strings.HasSuffix(host, p.host) && host[len(host)-len(p.host)-1] == '.'
+	case KindAny:
+		return true
+	case KindRegex:
+		return p.hostRe.MatchString(host)
+	case KindCIDR:
+		a, err := netip.ParseAddr(host)
+		return err == nil && p.prefix.Contains(a)
+	}
+	return false
+}
+
+// matchRequest reports whether the pattern's method and path parts admit a
+// request. path is a normalised path (see cleanPath).
+func (p *Pattern) matchRequest(method, path string) bool {
+	if p.method != "" && p.method != method {
+		return false
+	}
+	if p.pathRe != nil {
+		return p.pathRe.MatchString(path)
+	}
+	return p.anyPath() || globMatch(p.path, path)
+}
+
+// globMatch reports whether s matches glob, where "*" matches any run of
+// bytes, "/" included, and every other byte matches itself. It does not
+// allocate and runs in O(len(glob)·len(s)) at worst.
+func globMatch(glob, s string) bool {
+	var gi, si int
+	star, mark := -1, 0
+	for si < len(s) {
+		switch {
+		case gi < len(glob) && glob[gi] == '*':
+			star, mark = gi, si
+			gi++
+		case gi < len(glob) && glob[gi] == s[si]:
+			gi++
+			si++
+		case star >= 0:
+			gi = star + 1
+			mark++
+			si = mark
+		default:
+			return false
+		}
+	}
+	for gi < len(glob) && glob[gi] == '*' {
+		gi++
+	}
+	return gi == len(glob)
+}
+
+// requestPaths returns the forms of a request path that rules are checked
+// against. clean has the query and fragment cut off, percent-encoded
+// unreserved characters decoded, and dot segments removed, as an upstream
+// server would see it. merged is clean with runs of "/" folded to one, as
+// some servers see it. ambiguous reports a path an upstream may read in more
+// than one way (an encoded "/" or "\", a backslash, an encoded NUL): allow
+// rules with a path never match such a path, and deny rules are checked
+// against every form, so neither can be slipped past.
+func requestPaths(raw string) (clean, merged string, ambiguous bool) {
+	if i := strings.IndexAny(raw, "?#"); i >= 0 {
+		raw = raw[:i]
+	}
+	if raw == "" || raw[0] != '/' {
+		raw = "/" + raw
+	}
+	dec, amb := decodeUnreserved(raw)
+	clean = removeDotSegments(dec)
+	merged = clean
+	if strings.Contains(clean, "//") {
+		var b strings.Builder
+		for i := 0; i < len(clean); i++ {
+			if clean[i] == '/' && i > 0 && clean[i-1] == '/' {
+				continue
+			}
+			b.WriteByte(clean[i])
+		}
+		merged = b.String()
+	}
+	return clean, merged, amb
+}
+
+// decodeUnreserved decodes %XX escapes of unreserved characters
+// (ALPHA / DIGIT / "-" / "." / "_" / "~"), which mean the same encoded or not,
+// and upper-cases the hex of every other escape. It reports whether the path
+// holds escapes or bytes that servers disagree on.
+func decodeUnreserved(s string) (string, bool) {
+	amb := strings.ContainsRune(s, '\\')
+	if strings.IndexByte(s, '%') < 0 {
+		return s, amb
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '%' || i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+			if c == '%' {
+				amb = true // a stray "%": servers differ on what it means
+			}
+			b.WriteByte(c)
+			continue
+		}
+		v := unhex(s[i+1])<<4 | unhex(s[i+2])
+		switch {
+		case 'a' <= v && v <= 'z', 'A' <= v && v <= 'Z', '0' <= v && v <= '9', v == '-', v == '.', v == '_', v == '~':
+			b.WriteByte(v)
+		default:
+			if v == '/' || v == '\\' || v == 0 || v == '%' {
+				amb = true
+			}
+			b.WriteByte('%')
+			b.WriteByte(upperHex(s[i+1]))
+			b.WriteByte(upperHex(s[i+2]))
+		}
+		i += 2
+	}
+	return b.String(), amb
+}
+
+// removeDotSegments applies RFC 3986 §5.2.4 to an absolute path.
+func removeDotSegments(p string) string {
+	if !strings.Contains(p, ".") {
+		return p
+	}
+	segs := strings.Split(p[1:], "/")
+	out := make([]string, 0, len(segs))
+	for i, s := range segs {
+		last := i == len(segs)-1
+		switch s {
+		case ".":
+			if last {
+				out = append(out, "")
+			}
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+			if last {
+				out = append(out, "")
+			}
+		default:
+			out = append(out, s)
+		}
+	}
+	return "/" + strings.Join(out, "/")
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0'
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
+
+func upperHex(c byte) byte {
+	if 'a' <= c && c <= 'f' {
+		return c - 'a' + 'A'
+	}
+	return c
+}

@@ -1,0 +1,139 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+)
+
+// Action is what happens to traffic no rule matches.
+type Action uint8
+
+const (
+	// ActionAsk holds the traffic until a person decides.
+	ActionAsk Action = iota + 1
+	// ActionDeny refuses it.
+	ActionDeny
+	// ActionAllow lets it through. It defeats the allowlist; only for
+	// learning what an agent needs.
+	ActionAllow
+)
+
+func (a Action) String() string {
+	switch a {
+	case ActionAsk:
+		return "ask"
+	case ActionDeny:
+		return "deny"
+	case ActionAllow:
+		return "allow"
+	}
+	return fmt.Sprintf("Action(%d)", uint8(a))
+}
+
+// ParseAction reads "ask", "deny" or "allow".
+func ParseAction(s string) (Action, error) {
+	switch s {
+	case "ask":
+		return ActionAsk, nil
+	case "deny":
+		return ActionDeny, nil
+	case "allow":
+		return ActionAllow, nil
+	}
+	return 0, fmt.Errorf("unknown action %q: want ask, deny or allow", s)
+}
+
+// Inspect says which allowed TLS connections the proxy intercepts.
+type Inspect uint8
+
+const (
+	// InspectNeeded intercepts only hosts that path or method rules apply to.
+	InspectNeeded Inspect = iota + 1
+	// InspectAll intercepts every TLS connection, to record every request.
+	InspectAll
+)
+
+func (i Inspect) String() string {
+	switch i {
+	case InspectNeeded:
+		return "needed"
+	case InspectAll:
+		return "all"
+	}
+	return fmt.Sprintf("Inspect(%d)", uint8(i))
+}
+
+// ParseInspect reads "needed" or "all".
+func ParseInspect(s string) (Inspect, error) {
+	switch s {
+	case "needed":
+		return InspectNeeded, nil
+	case "all":
+		return InspectAll, nil
+	}
+	return 0, fmt.Errorf("unknown inspect mode %q: want needed or all", s)
+}
+
+// MCPServer is an MCP server that runs inside the sandbox.
+type MCPServer struct {
+	Name      string // a known server's name ("github") or any other
+	Transport string // "stdio" or "sse"
+}
+
+// Limits are the resources of a member airlock starts itself.
+type Limits struct {
+	MemoryMB int     // megabytes; 0 means the default
+	CPUs     float64 // CPUs, fractions allowed; 0 means the default
+}
+
+// Resources are the limits of members airlock starts itself.
+type Resources struct {
+	Agent      Limits
+	MCP        Limits
+	RunTimeout time.Duration // how long `airlock run` and launched members may run
+}
+
+// Spec is what a sandbox policy file says, converted and validated: the
+// domain model of the "sandbox:" section.
+type Spec struct {
+	Enabled         bool
+	UnknownAction   Action
+	ApprovalTimeout time.Duration // how long a held request waits for a person
+	Inspect         Inspect
+	// Auto holds the rules airlock manages: the file's network_allowlist.auto
+	// entries and the domains of known MCP servers in MCPServers.
+	Auto       []*Rule
+	User       []*Rule // network_allowlist.user
+	Deny       []*Rule // network_denylist
+	MCPServers []MCPServer
+	Resources  Resources
+}
+
+// Defaults of a policy file's settings.
+const (
+	DefaultApprovalTimeout = 30 * time.Second
+	DefaultRunTimeout      = 300 * time.Second
+	DefaultAgentMemoryMB   = 512
+	DefaultAgentCPUs       = 1.0
+	DefaultMCPMemoryMB     = 256
+	DefaultMCPCPUs         = 0.5
+	// MaxApprovalTimeout bounds how long a connection may be held.
+	MaxApprovalTimeout = 10 * time.Minute
+)
+
+// DefaultSpec returns the settings of a policy file that says nothing:
+// enabled, ask for unknown destinations, 30 s to decide, intercept only where
+// needed, no rules.
+func DefaultSpec() *Spec {
+	return &Spec{
+		Enabled:         true,
+		UnknownAction:   ActionAsk,
+		ApprovalTimeout: DefaultApprovalTimeout,
+		Inspect:         InspectNeeded,
+		Resources: Resources{
+			Agent:      Limits{MemoryMB: DefaultAgentMemoryMB, CPUs: DefaultAgentCPUs},
+			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs},
+			RunTimeout: DefaultRunTimeout,
+		},
+	}
+}
