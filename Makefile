@@ -1,0 +1,43 @@
+# airlock: build, test, run. Run `make test` and `make run` as root (sudo):
+# the privileged tests and airlockd build network namespaces and nftables.
+
+GO       ?= go
+BIN      := bin
+FUZZTIME ?= 5s
+# Long fuzzing on demand: make fuzz FUZZTIME=10m
+GOFLAGS  ?=
+
+.PHONY: all build test test-unit fuzz bench lint run clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# Everything, privileged tests included: a privileged test that cannot run
+# fails instead of skipping.
+test: lint
+	AIRLOCK_REQUIRE_PRIVILEGED=1 $(GO) test -count=1 -timeout 13m ./...
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
+
+# Unprivileged quick run for development: privileged tests skip.
+test-unit:
+	$(GO) test -count=1 ./...
+
+# Every fuzz target, FUZZTIME each.
+fuzz:
+	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
+
+bench:
+	@GO=$(GO) scripts/bench.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+run: build
+	@scripts/run.sh
+
+clean:
+	rm -rf $(BIN)
