@@ -118,7 +118,8 @@ func (p Pattern) anyPath() bool { return p.path == "" || p.path == "/*" }
 //	cidr:203.0.113.0/24            raw-IP destinations, cidr:203.0.113.7/32:22 with a port
 //
 // Hosts are normalised to lower case, without a trailing dot, IDNA names to
-// punycode. Patterns that allow everything or a whole public suffix fail with
+// punycode. The canonical form round-trips: Parse(p.String(), Force)
+// returns a pattern with the same String. Patterns that allow everything or a whole public suffix fail with
 // an error wrapping ErrBroad unless opts.Force is set.
 func Parse(s string, opts ParseOptions) (Pattern, error) {
 	p, err := parse(s, opts)

@@ -69,7 +69,9 @@ type Rule struct {
 	Source string
 	// Added is when the rule was added; zero when unknown.
 	Added time.Time
-	// Forced records that a broad pattern was accepted on purpose.
+	// Forced records that a broad pattern was accepted on purpose. It must
+	// be true for a broad allow rule to be saved (AddRule refuses it
+	// otherwise) and is written to the policy file as force: true.
 	Forced bool
 }
 

@@ -1,0 +1,953 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// specOpts compares patterns by their canonical form: Pattern's fields are
+// unexported.
+var specOpts = cmp.Options{
+	cmp.Comparer(func(a, b Pattern) bool { return a.String() == b.String() }),
+}
+
+var addedAt = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func newUserRule(t testing.TB, l List, pattern, member, source string, when time.Time, force bool) *Rule {
+	t.Helper()
+	p, err := Parse(pattern, ParseOptions{Force: force || l == Denylist})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := NewRule(l, User, p, member, source, when)
+	r.Forced = force
+	return r
+}
+
+func mustTime(s string) time.Time {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+func TestLoadSpecApp(t *testing.T) {
+	got, err := LoadSpec("testdata/app.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Spec{
+		Enabled:         true,
+		UnknownAction:   ActionAsk,
+		ApprovalTimeout: 30 * time.Second,
+		Inspect:         InspectNeeded,
+		Auto: []*Rule{
+			NewRule(Allowlist, Auto, MustParse("generativelanguage.googleapis.com"), "", "auto", time.Time{}),
+			NewRule(Allowlist, Auto, MustParse("api.anthropic.com"), "", "auto", time.Time{}),
+			NewRule(Allowlist, Auto, MustParse("api.github.com"), "", "mcp:github", time.Time{}),
+			NewRule(Allowlist, Auto, MustParse("github.com"), "", "mcp:github", time.Time{}),
+		},
+		User: []*Rule{
+			newUserRule(t, Allowlist, "*.example.com/*", "", "approved during run", mustTime("2025-01-15T10:30:00Z"), false),
+			newUserRule(t, Allowlist, `regex:.*\.internal\.company\.com`, "", "manually added", mustTime("2025-01-13T14:00:00Z"), false),
+		},
+		Deny: []*Rule{
+			newUserRule(t, Denylist, "pastebin.com", "", "denied during run", mustTime("2025-01-16T09:00:00Z"), false),
+		},
+		MCPServers: []MCPServer{{Name: "github", Transport: "stdio"}},
+		Resources: Resources{
+			Agent:      Limits{MemoryMB: 512, CPUs: 1},
+			MCP:        Limits{MemoryMB: 256, CPUs: 0.5},
+			RunTimeout: 300 * time.Second,
+		},
+	}
+	if diff := cmp.Diff(want, got, specOpts); diff != "" {
+		t.Errorf("LoadSpec(app.yaml) mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestLoadSpecFull(t *testing.T) {
+	got, err := LoadSpec("testdata/full.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Spec{
+		Enabled:         false,
+		UnknownAction:   ActionDeny,
+		ApprovalTimeout: 600 * time.Second,
+		Inspect:         InspectAll,
+		Auto: []*Rule{
+			NewRule(Allowlist, Auto, MustParse("slack.com"), "", "mcp:slack", time.Time{}),
+			NewRule(Allowlist, Auto, MustParse("api.slack.com"), "", "mcp:slack", time.Time{}),
+		},
+		User: []*Rule{
+			newUserRule(t, Allowlist, "GET api.github.com/repos/*", "mcp:github", "manually added", mustTime("2025-02-01T07:00:00Z"), false),
+			newUserRule(t, Allowlist, "*.com", "", "learning mode", time.Time{}, true),
+			newUserRule(t, Allowlist, "db.example.com:5432", "agent-1", "", time.Time{}, false),
+			newUserRule(t, Allowlist, "cidr:203.0.113.0/24", "", "", time.Time{}, false),
+		},
+		Deny: []*Rule{
+			newUserRule(t, Denylist, "*", "", "", time.Time{}, false),
+			newUserRule(t, Denylist, `regex:.*\.(ru|cn)`, "mcp:fetch", "", time.Time{}, false),
+		},
+		MCPServers: []MCPServer{{Name: "slack", Transport: "stdio"}, {Name: "custom-tool", Transport: "sse"}},
+		Resources: Resources{
+			Agent:      Limits{MemoryMB: 2048, CPUs: 2},
+			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs},
+			RunTimeout: time.Hour,
+		},
+	}
+	if diff := cmp.Diff(want, got, specOpts); diff != "" {
+		t.Errorf("LoadSpec(full.yaml) mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestParseSpecDefaults(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+	}{
+		{name: "empty", in: ""},
+		{name: "comments only", in: "# nothing yet\n"},
+		{name: "no sandbox", in: "name: myapp\nmodel: {api_base: http://localhost:8080}\n"},
+		{name: "empty sandbox", in: "name: myapp\nsandbox:\n"},
+		{name: "empty lists", in: "sandbox:\n  network_allowlist:\n    auto:\n    user: []\n  network_denylist:\n  mcp_servers: []\n  resources: {}\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseSpec("app.yaml", []byte(tt.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(DefaultSpec(), got, specOpts); diff != "" {
+				t.Errorf("ParseSpec mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseSpecErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		file string
+		// want are substrings of the message after "testdata/FILE".
+		want []string
+		is   error
+	}{
+		{name: "unknown key", file: "bad-unknown-key.yaml", want: []string{":4: sandbox.unknown_acton: unknown key; want one of"}},
+		{name: "unknown nested key", file: "bad-unknown-nested-key.yaml", want: []string{":4: sandbox.resources.agent.memory: unknown key; want one of cpus, memory_mb"}},
+		{name: "unknown entry key", file: "bad-unknown-entry-key.yaml", want: []string{":5: sandbox.network_allowlist.user[0].note: unknown key"}},
+		{name: "enabled is a string", file: "bad-enabled-type.yaml", want: []string{`:2: sandbox.enabled: want true or false, got the string "yes"`}},
+		{name: "unknown action", file: "bad-unknown-action.yaml", want: []string{`:2: sandbox.unknown_action: unknown action "maybe"`}},
+		{name: "approval timeout too long", file: "bad-approval-timeout.yaml", want: []string{":2: sandbox.approval_timeout: 601 is out of range; want 1 to 600"}},
+		{name: "approval timeout with unit", file: "bad-approval-timeout-type.yaml", want: []string{":2: sandbox.approval_timeout: want a whole number"}},
+		{name: "inspect", file: "bad-inspect.yaml", want: []string{`:2: sandbox.inspect: unknown inspect mode "some"`}},
+		{name: "broad allow pattern", file: "bad-broad-pattern.yaml", want: []string{`:5: sandbox.network_allowlist.user[1].pattern: pattern "*.com": pattern is too broad`, "add force: true"}, is: ErrBroad},
+		{name: "auto pattern with scheme", file: "bad-auto-pattern.yaml", want: []string{`:5: sandbox.network_allowlist.auto[1]: pattern "https://api.openai.com"`, "without a scheme"}},
+		{name: "deny regex", file: "bad-deny-regex.yaml", want: []string{`:3: sandbox.network_denylist[0].pattern: pattern "regex:(unclosed"`, "RE2"}},
+		{name: "bad timestamp", file: "bad-added.yaml", want: []string{`:4: sandbox.network_denylist[0].added: "yesterday" is not an RFC 3339 time`}},
+		{name: "duplicate rule", file: "bad-duplicate-rule.yaml", want: []string{`:6: sandbox.network_allowlist.user[2]: "api.example.com" duplicates the entry at line 4`}},
+		{name: "duplicate key", file: "bad-duplicate-key.yaml", want: []string{":4: sandbox.enabled: duplicate key (first at line 2)"}},
+		{name: "duplicate sandbox", file: "bad-duplicate-sandbox.yaml", want: []string{":4: sandbox: duplicate key (first at line 1)"}},
+		{name: "alias", file: "bad-alias.yaml", want: []string{":4: sandbox: aliases (*hosts) are not allowed"}},
+		{name: "anchor", file: "bad-anchor.yaml", want: []string{":2: sandbox: anchors (&deny) are not allowed"}},
+		{name: "two documents", file: "bad-multi-doc.yaml", want: []string{":3: a policy file holds one YAML document"}},
+		{name: "sandbox is a string", file: "bad-sandbox-scalar.yaml", want: []string{`:2: sandbox: want a mapping, got the string "yes"`}},
+		{name: "sandbox is a list", file: "bad-sandbox-list.yaml", want: []string{":2: sandbox: want a mapping, got a list"}},
+		{name: "missing pattern", file: "bad-missing-pattern.yaml", want: []string{":3: sandbox.network_denylist[0]: missing pattern"}},
+		{name: "entry is a string", file: "bad-entry-scalar.yaml", want: []string{`:4: sandbox.network_allowlist.user[0]: want a mapping with a pattern key, got the string "api.example.com"`}},
+		{name: "empty member", file: "bad-member-empty.yaml", want: []string{":5: sandbox.network_allowlist.user[0].member: empty member"}},
+		{name: "force is a string", file: "bad-force-type.yaml", want: []string{`:5: sandbox.network_allowlist.user[0].force: want true or false`}},
+		{name: "mcp transport", file: "bad-mcp-transport.yaml", want: []string{`:4: sandbox.mcp_servers[0].transport: unknown transport "http"; want stdio or sse`}},
+		{name: "mcp server twice", file: "bad-mcp-duplicate.yaml", want: []string{`:4: sandbox.mcp_servers[1].name: server "GitHub" is listed twice (first at line 3)`}},
+		{name: "negative cpus", file: "bad-cpus.yaml", want: []string{":3: sandbox.resources.mcp.cpus: -1 is out of range"}},
+		{name: "zero run timeout", file: "bad-run-timeout.yaml", want: []string{":3: sandbox.resources.run_timeout: 0 is out of range"}},
+		{name: "syntax", file: "bad-syntax.yaml", want: []string{": invalid YAML:"}},
+		{name: "top level is a list", file: "bad-top-level-list.yaml", want: []string{":1: the file's top level is a list"}},
+		{name: "user is a string", file: "bad-user-not-list.yaml", want: []string{`:3: sandbox.network_allowlist.user: want a list, got the string "api.example.com"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join("testdata", tt.file)
+			spec, err := LoadSpec(path)
+			if err == nil {
+				t.Fatalf("LoadSpec(%s) = nil error, want one", path)
+			}
+			if spec != nil {
+				t.Errorf("LoadSpec(%s) returned a spec with its error", path)
+			}
+			msg := err.Error()
+			if !strings.HasPrefix(msg, path+":") {
+				t.Errorf("error %q does not start with %q", msg, path+":")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q does not contain %q", msg, w)
+				}
+			}
+			var fe *FileError
+			if !errors.As(err, &fe) || fe.File != path {
+				t.Errorf("error %v is not a *FileError for %s", err, path)
+			}
+			if tt.is != nil && !errors.Is(err, tt.is) {
+				t.Errorf("error %v does not wrap %v", err, tt.is)
+			}
+		})
+	}
+}
+
+func TestParseSpecTooBig(t *testing.T) {
+	data := []byte("name: x\n# " + strings.Repeat("x", MaxFileSize) + "\n")
+	if _, err := ParseSpec("big.yaml", data); err == nil || !strings.Contains(err.Error(), "big.yaml: file is larger than") {
+		t.Errorf("ParseSpec(%d bytes) error = %v, want too large", len(data), err)
+	}
+	path := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadSpec(path); err == nil || !strings.Contains(err.Error(), "file is larger than") {
+		t.Errorf("LoadSpec(%d bytes) error = %v, want too large", len(data), err)
+	}
+}
+
+// copyFixture copies a testdata file to a temporary directory.
+func copyFixture(t *testing.T, name string) (path string, data []byte) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, data
+}
+
+func readText(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// insertedLines returns the block of lines new holds that old lacks, and
+// whether new is old with exactly one block of lines inserted.
+func insertedLines(old, new string) ([]string, bool) {
+	o := strings.SplitAfter(old, "\n")
+	n := strings.SplitAfter(new, "\n")
+	p := 0
+	for p < len(o) && p < len(n) && o[p] == n[p] {
+		p++
+	}
+	s := 0
+	for s < len(o)-p && s < len(n)-p && o[len(o)-1-s] == n[len(n)-1-s] {
+		s++
+	}
+	ins := n[p : len(n)-s]
+	return ins, p+s == len(o) && strings.Join(n[:p], "")+strings.Join(ins, "")+strings.Join(n[len(n)-s:], "") == new
+}
+
+func TestAddRuleRoundTrip(t *testing.T) {
+	tests := []struct {
+		name string
+		rule *Rule
+		want []string // the lines AddRule inserts
+	}{
+		{
+			name: "allowlist",
+			rule: newUserRule(t, Allowlist, "API.New.Example.com", "mcp:github", "approved during run", addedAt, false),
+			want: []string{
+				`      - pattern: "api.new.example.com"` + "\n",
+				`        added: "2025-03-01T12:00:00Z"` + "\n",
+				`        source: "approved during run"` + "\n",
+				`        member: "mcp:github"` + "\n",
+			},
+		},
+		{
+			name: "forced broad allow",
+			rule: newUserRule(t, Allowlist, "*.io", "", "", time.Time{}, true),
+			want: []string{
+				`      - pattern: "*.io"` + "\n",
+				`        force: true` + "\n",
+			},
+		},
+		{
+			name: "denylist",
+			rule: newUserRule(t, Denylist, `regex:.*\.ngrok\.io`, "", "denied during run", addedAt, false),
+			want: []string{
+				`    - pattern: "regex:.*\\.ngrok\\.io"` + "\n",
+				`      added: "2025-03-01T12:00:00Z"` + "\n",
+				`      source: "denied during run"` + "\n",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, orig := copyFixture(t, "app.yaml")
+			if err := AddRule(path, tt.rule); err != nil {
+				t.Fatal(err)
+			}
+			got := readText(t, path)
+			ins, ok := insertedLines(string(orig), got)
+			if !ok {
+				t.Fatalf("AddRule changed more than an inserted block:\n%s", got)
+			}
+			if diff := cmp.Diff(tt.want, ins); diff != "" {
+				t.Errorf("inserted lines mismatch (-want +got):\n%s", diff)
+			}
+			spec, err := LoadSpec(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			list := spec.User
+			if tt.rule.List == Denylist {
+				list = spec.Deny
+			}
+			if diff := cmp.Diff(tt.rule, list[len(list)-1], specOpts); diff != "" {
+				t.Errorf("added rule mismatch (-want +got):\n%s", diff)
+			}
+
+			removed, err := RemoveRule(path, tt.rule.List, tt.rule.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.rule, removed, specOpts); diff != "" {
+				t.Errorf("removed rule mismatch (-want +got):\n%s", diff)
+			}
+			if got := readText(t, path); got != string(orig) {
+				t.Errorf("after add and remove the file differs from the original:\n%s", got)
+			}
+		})
+	}
+}
+
+func TestRemoveRuleExisting(t *testing.T) {
+	tests := []struct {
+		name    string
+		list    List
+		pattern string
+		gone    []string // the lines RemoveRule deletes
+	}{
+		{
+			name:    "first user entry keeps the blank line and comment after it",
+			list:    Allowlist,
+			pattern: "*.example.com/*",
+			gone: []string{
+				`      - pattern: "*.example.com/*"` + "\n",
+				`        added: "2025-01-15T10:30:00Z"` + "\n",
+				`        source: "approved during run"` + "\n",
+			},
+		},
+		{
+			name:    "last user entry",
+			list:    Allowlist,
+			pattern: `regex:.*\.internal\.company\.com`,
+			gone: []string{
+				`      - pattern: "regex:.*\\.internal\\.company\\.com"` + "\n",
+				`        added: "2025-01-13T14:00:00Z"` + "\n",
+				`        source: "manually added"` + "\n",
+			},
+		},
+		{
+			name:    "only deny entry",
+			list:    Denylist,
+			pattern: "pastebin.com",
+			gone: []string{
+				`    - pattern: "pastebin.com"` + "\n",
+				`      added: "2025-01-16T09:00:00Z"` + "\n",
+				`      source: "denied during run"` + "\n",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, orig := copyFixture(t, "app.yaml")
+			id := RuleID(tt.list, MustParse(tt.pattern), "")
+			removed, err := RemoveRule(path, tt.list, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if removed.Pattern.String() != tt.pattern {
+				t.Errorf("removed %v, want %s", removed, tt.pattern)
+			}
+			got := readText(t, path)
+			gone, ok := insertedLines(got, string(orig))
+			if !ok {
+				t.Fatalf("RemoveRule changed more than one block of lines:\n%s", got)
+			}
+			if diff := cmp.Diff(tt.gone, gone); diff != "" {
+				t.Errorf("removed lines mismatch (-want +got):\n%s", diff)
+			}
+			spec, err := LoadSpec(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range append(spec.User, spec.Deny...) {
+				if r.ID == id {
+					t.Errorf("rule %v still loads", r)
+				}
+			}
+		})
+	}
+}
+
+func TestAddRuleInPlace(t *testing.T) {
+	allow := newUserRule(t, Allowlist, "api.example.com", "", "approved during run", addedAt, false)
+	deny := newUserRule(t, Denylist, "pastebin.com", "", "", time.Time{}, false)
+	entry := func(indent string) string {
+		return indent + "- pattern: \"api.example.com\"\n" +
+			indent + "  added: \"2025-03-01T12:00:00Z\"\n" +
+			indent + "  source: \"approved during run\"\n"
+	}
+	tests := []struct {
+		name string
+		in   string
+		rule *Rule
+		want string
+		// wantRemoved is the file after RemoveRule of the rule; "" means
+		// the same as in.
+		wantRemoved string
+	}{
+		{
+			name:        "empty file",
+			in:          "",
+			rule:        allow,
+			want:        "sandbox:\n  network_allowlist:\n    user:\n" + entry("      "),
+			wantRemoved: "sandbox:\n  network_allowlist:\n    user:\n",
+		},
+		{
+			name: "no sandbox, four-space indent",
+			in:   "name: myapp\nmodel:\n    api_base: http://localhost:8080\n\n# end\n",
+			rule: allow,
+			want: "name: myapp\nmodel:\n    api_base: http://localhost:8080\n\n# end\n" +
+				"sandbox:\n    network_allowlist:\n        user:\n" + entry("            "),
+			wantRemoved: "name: myapp\nmodel:\n    api_base: http://localhost:8080\n\n# end\n" +
+				"sandbox:\n    network_allowlist:\n        user:\n",
+		},
+		{
+			name:        "no final newline",
+			in:          "name: myapp",
+			rule:        deny,
+			want:        "name: myapp\nsandbox:\n  network_denylist:\n    - pattern: \"pastebin.com\"\n",
+			wantRemoved: "name: myapp\nsandbox:\n  network_denylist:\n",
+		},
+		{
+			name:        "empty sandbox",
+			in:          "name: myapp\nsandbox:   # later\nmodel: x\n",
+			rule:        allow,
+			want:        "name: myapp\nsandbox:   # later\n  network_allowlist:\n    user:\n" + entry("      ") + "model: x\n",
+			wantRemoved: "name: myapp\nsandbox:   # later\n  network_allowlist:\n    user:\nmodel: x\n",
+		},
+		{
+			name:        "sandbox without the list, next key after a blank line",
+			in:          "sandbox:\n  enabled: true\n  # inspect: all\n\n# model settings\nmodel: x\n",
+			rule:        deny,
+			want:        "sandbox:\n  enabled: true\n  # inspect: all\n  network_denylist:\n    - pattern: \"pastebin.com\"\n\n# model settings\nmodel: x\n",
+			wantRemoved: "sandbox:\n  enabled: true\n  # inspect: all\n  network_denylist:\n\n# model settings\nmodel: x\n",
+		},
+		{
+			name:        "empty flow list",
+			in:          "sandbox:\n  network_allowlist:\n    user: []   # none yet\n  enabled: true\n",
+			rule:        allow,
+			want:        "sandbox:\n  network_allowlist:\n    user:   # none yet\n" + entry("      ") + "  enabled: true\n",
+			wantRemoved: "sandbox:\n  network_allowlist:\n    user:   # none yet\n  enabled: true\n",
+		},
+		{
+			name:        "null list",
+			in:          "sandbox:\n  network_allowlist:\n    user: ~\n    auto:\n      - api.anthropic.com\n",
+			rule:        allow,
+			want:        "sandbox:\n  network_allowlist:\n    user:\n" + entry("      ") + "    auto:\n      - api.anthropic.com\n",
+			wantRemoved: "sandbox:\n  network_allowlist:\n    user:\n    auto:\n      - api.anthropic.com\n",
+		},
+		{
+			name:        "empty flow mapping",
+			in:          "sandbox:\n  network_allowlist: {}\n  enabled: true\n",
+			rule:        allow,
+			want:        "sandbox:\n  network_allowlist:\n    user:\n" + entry("      ") + "  enabled: true\n",
+			wantRemoved: "sandbox:\n  network_allowlist:\n    user:\n  enabled: true\n",
+		},
+		{
+			name: "compact list",
+			in:   "sandbox:\n  network_allowlist:\n    user:\n    - pattern: a.example.com\n    auto: []\n",
+			rule: allow,
+			want: "sandbox:\n  network_allowlist:\n    user:\n    - pattern: a.example.com\n" + entry("    ") + "    auto: []\n",
+		},
+		{
+			name: "flow list with items",
+			in:   "sandbox:\n  network_allowlist:\n    user: [{pattern: a.example.com, source: x},\n      {pattern: b.example.com}]  # two\n  enabled: true\n",
+			rule: allow,
+			want: "sandbox:\n  network_allowlist:\n    user:  # two\n" +
+				"      - pattern: \"a.example.com\"\n        source: \"x\"\n" +
+				"      - pattern: \"b.example.com\"\n" +
+				entry("      ") + "  enabled: true\n",
+			wantRemoved: "sandbox:\n  network_allowlist:\n    user:  # two\n" +
+				"      - pattern: \"a.example.com\"\n        source: \"x\"\n" +
+				"      - pattern: \"b.example.com\"\n" +
+				"  enabled: true\n",
+		},
+		{
+			name: "items with wide dash and trailing comment",
+			in:   "sandbox:\n  network_denylist:\n  -   pattern: a.example.com\n      # keep\n  inspect: all\n",
+			rule: deny,
+			want: "sandbox:\n  network_denylist:\n  -   pattern: a.example.com\n      # keep\n  -   pattern: \"pastebin.com\"\n  inspect: all\n",
+		},
+		{
+			name:        "crlf",
+			in:          "name: x\r\nsandbox:\r\n  enabled: true\r\n",
+			rule:        deny,
+			want:        "name: x\r\nsandbox:\r\n  enabled: true\r\n  network_denylist:\r\n    - pattern: \"pastebin.com\"\r\n",
+			wantRemoved: "name: x\r\nsandbox:\r\n  enabled: true\r\n  network_denylist:\r\n",
+		},
+		{
+			name: "member and force",
+			in:   "sandbox:\n  network_allowlist:\n    user:\n",
+			rule: newUserRule(t, Allowlist, "*.dev", "mcp:github", "", time.Time{}, true),
+			want: "sandbox:\n  network_allowlist:\n    user:\n      - pattern: \"*.dev\"\n        member: \"mcp:github\"\n        force: true\n",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "app.yaml")
+			if err := os.WriteFile(path, []byte(tt.in), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := AddRule(path, tt.rule); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, readText(t, path)); diff != "" {
+				t.Errorf("after AddRule (-want +got):\n%s", diff)
+			}
+			if _, err := RemoveRule(path, tt.rule.List, tt.rule.ID); err != nil {
+				t.Fatal(err)
+			}
+			want := tt.wantRemoved
+			if want == "" {
+				want = tt.in
+			}
+			if diff := cmp.Diff(want, readText(t, path)); diff != "" {
+				t.Errorf("after RemoveRule (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestRemoveRuleFlowToEmpty(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.yaml")
+	in := "sandbox:\n  network_denylist: [{pattern: pastebin.com}]  # why\n"
+	if err := os.WriteFile(path, []byte(in), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RemoveRule(path, Denylist, RuleID(Denylist, MustParse("pastebin.com"), "")); err != nil {
+		t.Fatal(err)
+	}
+	want := "sandbox:\n  network_denylist: []  # why\n"
+	if diff := cmp.Diff(want, readText(t, path)); diff != "" {
+		t.Errorf("after RemoveRule (-want +got):\n%s", diff)
+	}
+}
+
+func TestAddRuleCreatesFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.yaml")
+	r := newUserRule(t, Denylist, "pastebin.com", "", "denied during run", addedAt, false)
+	if err := AddRule(path, r); err != nil {
+		t.Fatal(err)
+	}
+	want := "sandbox:\n  network_denylist:\n    - pattern: \"pastebin.com\"\n      added: \"2025-03-01T12:00:00Z\"\n      source: \"denied during run\"\n"
+	if diff := cmp.Diff(want, readText(t, path)); diff != "" {
+		t.Errorf("created file (-want +got):\n%s", diff)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o644 {
+		t.Errorf("created file mode = %v, want 0644", fi.Mode().Perm())
+	}
+}
+
+func TestAddRuleKeepsModeAndSymlink(t *testing.T) {
+	dir := t.TempDir()
+	path, orig := copyFixture(t, "app.yaml")
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.yaml")
+	if err := os.Symlink(path, link); err != nil {
+		t.Fatal(err)
+	}
+	r := newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false)
+	if err := AddRule(link, r); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&fs.ModeSymlink == 0 {
+		t.Errorf("AddRule replaced the symlink %s with a file", link)
+	}
+	fi, err = os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("file mode = %v, want 0600 as before", fi.Mode().Perm())
+	}
+	if got := readText(t, path); got == string(orig) {
+		t.Errorf("the symlink's target was not edited")
+	}
+}
+
+func TestAddRuleExisting(t *testing.T) {
+	tests := []struct {
+		name string
+		rule *Rule
+	}{
+		{name: "same user rule", rule: newUserRule(t, Allowlist, "*.EXAMPLE.com/*", "", "other source", addedAt, false)},
+		{name: "same deny rule", rule: newUserRule(t, Denylist, "pastebin.com.", "", "", time.Time{}, false)},
+		{name: "auto rule of an MCP server", rule: newUserRule(t, Allowlist, "api.github.com", "", "", time.Time{}, false)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, orig := copyFixture(t, "app.yaml")
+			before, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := AddRule(path, tt.rule); err != nil {
+				t.Fatal(err)
+			}
+			after, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !os.SameFile(before, after) || readText(t, path) != string(orig) {
+				t.Errorf("AddRule of an existing rule rewrote the file")
+			}
+		})
+	}
+}
+
+func TestAddRuleRefuses(t *testing.T) {
+	broad := newUserRule(t, Allowlist, "*.com", "", "", time.Time{}, true)
+	broad.Forced = false
+	session := newUserRule(t, Allowlist, "api.example.com", "", "", time.Time{}, false)
+	session.Tier = Session
+	badID := newUserRule(t, Allowlist, "api.example.com", "", "", time.Time{}, false)
+	badID.ID = "123"
+	spacy := newUserRule(t, Allowlist, "api.example.com", "", "", time.Time{}, false)
+	spacy.Member = "my agent"
+	spacy.ID = RuleID(Allowlist, spacy.Pattern, spacy.Member)
+	tests := []struct {
+		name string
+		rule *Rule
+		want string
+	}{
+		{name: "broad without force", rule: broad, want: "pattern is too broad"},
+		{name: "session rule", rule: session, want: "only user rules"},
+		{name: "wrong ID", rule: badID, want: "does not match"},
+		{name: "member with a space", rule: spacy, want: "space"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, orig := copyFixture(t, "app.yaml")
+			err := AddRule(path, tt.rule)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("AddRule error = %v, want one containing %q", err, tt.want)
+			}
+			if readText(t, path) != string(orig) {
+				t.Errorf("AddRule changed the file although it failed")
+			}
+		})
+	}
+}
+
+func TestRemoveRuleErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		list List
+		id   string
+		is   error
+	}{
+		{name: "unknown id", list: Allowlist, id: "000000000000", is: ErrNoRule},
+		{name: "deny id in allowlist", list: Allowlist, id: RuleID(Denylist, MustParse("pastebin.com"), ""), is: ErrNoRule},
+		{name: "auto entry", list: Allowlist, id: RuleID(Allowlist, MustParse("api.anthropic.com"), ""), is: ErrAutoRule},
+		{name: "MCP server domain", list: Allowlist, id: RuleID(Allowlist, MustParse("github.com"), ""), is: ErrAutoRule},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, orig := copyFixture(t, "app.yaml")
+			r, err := RemoveRule(path, tt.list, tt.id)
+			if !errors.Is(err, tt.is) || r != nil {
+				t.Errorf("RemoveRule = %v, %v; want nil, %v", r, err, tt.is)
+			}
+			if readText(t, path) != string(orig) {
+				t.Errorf("RemoveRule changed the file although it failed")
+			}
+		})
+	}
+	if _, err := RemoveRule(filepath.Join(t.TempDir(), "missing.yaml"), Denylist, "000000000000"); !errors.Is(err, ErrNoRule) {
+		t.Errorf("RemoveRule on a missing file: %v, want ErrNoRule", err)
+	}
+}
+
+// TestAddRuleFailsClosed checks that edits the splicer cannot do right leave
+// the file alone.
+func TestAddRuleFailsClosed(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want string
+	}{
+		{name: "flow sandbox", in: "sandbox: {enabled: true}\n", want: "sandbox is written in flow style"},
+		{name: "flow list parent", in: "sandbox:\n  network_allowlist: {auto: [api.anthropic.com]}\n", want: "sandbox.network_allowlist is written in flow style"},
+		{name: "document end marker", in: "name: x\n...\n", want: "would not load"},
+		{name: "broken file", in: "sandbox:\n  enabled: maybe\n", want: "sandbox.enabled: want true or false"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "app.yaml")
+			if err := os.WriteFile(path, []byte(tt.in), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			err := AddRule(path, newUserRule(t, Allowlist, "api.example.com", "", "", time.Time{}, false))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("AddRule error = %v, want one containing %q", err, tt.want)
+			}
+			if got := readText(t, path); got != tt.in {
+				t.Errorf("file changed to %q although the edit failed", got)
+			}
+		})
+	}
+}
+
+// TestFileWriteInterrupted stops a write after the temporary file is complete
+// and before it replaces the policy file, as a crash would.
+func TestFileWriteInterrupted(t *testing.T) {
+	path, orig := copyFixture(t, "app.yaml")
+	dir := filepath.Dir(path)
+	r := newUserRule(t, Allowlist, "api.example.org", "", "", addedAt, false)
+	var tmpOK bool
+	hooks := writeHooks{beforeRename: func(tmp string) error {
+		// The new content is complete on disk before the rename.
+		_, err := LoadSpec(tmp)
+		tmpOK = err == nil
+		return errors.New("simulated crash")
+	}}
+	if err := addRule(path, r, hooks); err == nil || !strings.Contains(err.Error(), "simulated crash") {
+		t.Fatalf("addRule error = %v, want the simulated crash", err)
+	}
+	if !tmpOK {
+		t.Errorf("the temporary file did not hold a loadable policy before the rename")
+	}
+	if got := readText(t, path); got != string(orig) {
+		t.Errorf("the policy file changed although the write was interrupted")
+	}
+	if _, err := LoadSpec(path); err != nil {
+		t.Errorf("the policy file no longer loads: %v", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != "app.yaml" && e.Name() != "app.yaml.lock" {
+			t.Errorf("left behind %s", e.Name())
+		}
+	}
+	// The next edit still works.
+	if err := AddRule(path, r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const (
+	helperEnvFile  = "AIRLOCK_TEST_POLICY_FILE"
+	helperEnvFirst = "AIRLOCK_TEST_FIRST_HOST"
+	concurrentAdds = 50
+)
+
+// addHosts adds rules for host-N.example.com, N from first on, from
+// concurrentAdds goroutines at once.
+func addHosts(t *testing.T, path string, first int) {
+	var wg sync.WaitGroup
+	errs := make(chan error, concurrentAdds)
+	for i := range concurrentAdds {
+		wg.Go(func() {
+			r := newUserRule(t, Allowlist, fmt.Sprintf("host-%d.example.com", first+i), "", "approved during run", addedAt, false)
+			if err := AddRule(path, r); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestHelperProcessAddRules is the other process of TestAddRuleConcurrent;
+// it does nothing unless started by it.
+func TestHelperProcessAddRules(t *testing.T) {
+	path := os.Getenv(helperEnvFile)
+	if path == "" {
+		t.Skip("helper process for TestAddRuleConcurrent")
+	}
+	first, err := strconv.Atoi(os.Getenv(helperEnvFirst))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addHosts(t, path, first)
+}
+
+func TestAddRuleConcurrent(t *testing.T) {
+	path, _ := copyFixture(t, "app.yaml")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcessAddRules$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnvFile+"="+path, helperEnvFirst+"="+strconv.Itoa(concurrentAdds))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addHosts(t, path, 0)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper process: %v\n%s", err, out.String())
+	}
+
+	spec, err := LoadSpec(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := make(map[string]bool)
+	for _, r := range spec.User {
+		have[r.Pattern.String()] = true
+	}
+	for i := range 2 * concurrentAdds {
+		if h := fmt.Sprintf("host-%d.example.com", i); !have[h] {
+			t.Errorf("rule for %s is missing", h)
+		}
+	}
+	if got, want := len(spec.User), 2+2*concurrentAdds; got != want {
+		t.Errorf("%d user rules, want %d", got, want)
+	}
+}
+
+func FuzzParseSpec(f *testing.F) {
+	seeds, err := filepath.Glob("testdata/*.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range seeds {
+		data, err := os.ReadFile(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		spec, err := ParseSpec("fuzz.yaml", data)
+		switch {
+		case err != nil && spec != nil:
+			t.Fatalf("ParseSpec returned a spec with error %v", err)
+		case err == nil && spec == nil:
+			t.Fatal("ParseSpec returned neither a spec nor an error")
+		case err != nil:
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
+				t.Errorf("error %q does not name the file", err)
+			}
+			return
+		}
+		for _, r := range slices.Concat(spec.Auto, spec.User, spec.Deny) {
+			p, err := Parse(r.Pattern.String(), ParseOptions{Force: true})
+			if err != nil {
+				t.Fatalf("rule %v: canonical pattern does not parse: %v", r, err)
+			}
+			if p.String() != r.Pattern.String() {
+				t.Fatalf("pattern %q re-parses as %q", r.Pattern.String(), p.String())
+			}
+			if r.ID != RuleID(r.List, r.Pattern, r.Member) {
+				t.Fatalf("rule %v has ID %s, want %s", r, r.ID, RuleID(r.List, r.Pattern, r.Member))
+			}
+		}
+	})
+}
+
+// FuzzAddRule edits arbitrary files: an edit either fails and leaves the
+// file alone, or leaves a file that loads with the rule added (and, after
+// RemoveRule, without it again).
+func FuzzAddRule(f *testing.F) {
+	seeds, err := filepath.Glob("testdata/*.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range seeds {
+		data, err := os.ReadFile(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data, false)
+		f.Add(data, true)
+	}
+	allow := newUserRule(f, Allowlist, "api.example.com", "", "approved during run", addedAt, false)
+	deny := newUserRule(f, Denylist, "pastebin.com", "mcp:fetch", "", time.Time{}, false)
+	f.Fuzz(func(t *testing.T, data []byte, denyList bool) {
+		r := allow
+		if denyList {
+			r = deny
+		}
+		path := filepath.Join(t.TempDir(), "app.yaml")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		before, loadErr := ParseSpec(path, data)
+		if err := AddRule(path, r); err != nil {
+			if got := readText(t, path); got != string(data) {
+				t.Fatalf("AddRule failed (%v) but changed the file to %q", err, got)
+			}
+			return
+		}
+		if loadErr != nil {
+			t.Fatalf("AddRule succeeded on a file that does not load: %v", loadErr)
+		}
+		after, err := LoadSpec(path)
+		if err != nil {
+			t.Fatalf("file does not load after AddRule: %v\n%s", err, readText(t, path))
+		}
+		if !hasRule(after, r) {
+			t.Fatalf("rule missing after AddRule:\n%s", readText(t, path))
+		}
+		if hasRule(before, r) {
+			if got := readText(t, path); got != string(data) {
+				t.Fatalf("AddRule of an existing rule changed the file")
+			}
+			return
+		}
+		if _, err := RemoveRule(path, r.List, r.ID); err != nil {
+			t.Fatalf("RemoveRule after AddRule: %v\n%s", err, readText(t, path))
+		}
+		final, err := LoadSpec(path)
+		if err != nil {
+			t.Fatalf("file does not load after RemoveRule: %v", err)
+		}
+		if !sameSpec(before, final) {
+			t.Fatalf("add and remove changed the spec:\n%s", readText(t, path))
+		}
+	})
+}

@@ -1,0 +1,254 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// SandboxConfig configures a Sandbox.
+type SandboxConfig struct {
+	// Name is the sandbox's name; see ValidName. Required.
+	Name string
+	// Path is the policy file (a project YAML with a "sandbox:" section).
+	// A missing file means default settings and no rules; it is created on
+	// the first persisted edit. Required.
+	Path string
+	// Now is the clock for the Added time of new rules; nil means time.Now.
+	Now func() time.Time
+}
+
+// Sandbox is one sandbox's policy: the settings and rules of its policy file,
+// the session rules that live in memory only, and the compiled Ruleset every
+// decision uses. It is safe for concurrent use; Decide takes no lock.
+type Sandbox struct {
+	name string
+	path string
+	now  func() time.Time
+
+	rs atomic.Pointer[Ruleset]
+
+	// mu serialises changes and guards the following fields.
+	mu      sync.Mutex
+	spec    *Spec
+	session []*Rule
+}
+
+// OpenSandbox loads the sandbox's policy file. An invalid file is an error
+// that names the file, line and key.
+func OpenSandbox(cfg SandboxConfig) (*Sandbox, error) {
+	if err := ValidName(cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.Path == "" {
+		return nil, fmt.Errorf("sandbox %s: no policy file path", cfg.Name)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Sandbox{name: cfg.Name, path: cfg.Path, now: cfg.Now}
+	spec, err := loadOrDefault(cfg.Path)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.setLocked(spec, nil)
+	return s, nil
+}
+
+func loadOrDefault(path string) (*Spec, error) {
+	spec, err := LoadSpec(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return DefaultSpec(), nil
+	}
+	return spec, err
+}
+
+// Name returns the sandbox's name.
+func (s *Sandbox) Name() string { return s.name }
+
+// Path returns the sandbox's policy file.
+func (s *Sandbox) Path() string { return s.path }
+
+// Decide answers q with the sandbox's current rules.
+func (s *Sandbox) Decide(q Query) Decision { return s.rs.Load().Decide(q) }
+
+// DecideName answers a question about a DNS name with the sandbox's
+// current rules (see Ruleset.DecideName).
+func (s *Sandbox) DecideName(source, name string) Decision {
+	return s.rs.Load().DecideName(source, name)
+}
+
+// Spec returns a copy of the policy file's current content.
+func (s *Sandbox) Spec() Spec {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := *s.spec
+	c.Auto = slices.Clone(c.Auto)
+	c.User = slices.Clone(c.User)
+	c.Deny = slices.Clone(c.Deny)
+	c.MCPServers = slices.Clone(c.MCPServers)
+	return c
+}
+
+// Rules returns every rule: the allowlist's auto, user and session rules,
+// then the denylist's user and session rules.
+func (s *Sandbox) Rules() []*Rule {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rulesLocked()
+}
+
+func (s *Sandbox) rulesLocked() []*Rule {
+	var out []*Rule
+	out = append(out, s.spec.Auto...)
+	out = append(out, s.spec.User...)
+	for _, r := range s.session {
+		if r.List == Allowlist {
+			out = append(out, r)
+		}
+	}
+	out = append(out, s.spec.Deny...)
+	for _, r := range s.session {
+		if r.List == Denylist {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Rule returns the rule with this ID.
+func (s *Sandbox) Rule(id string) (*Rule, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.rulesLocked() {
+		if r.ID == id {
+			return r, true
+		}
+	}
+	return nil, false
+}
+
+// AddRequest asks for a rule to be added.
+type AddRequest struct {
+	Pattern string
+	List    List // Allowlist or Denylist
+	// Persist writes the rule to the policy file; otherwise it is a session
+	// rule, gone when airlockd stops.
+	Persist bool
+	// Force accepts a broad allow pattern (see ErrBroad). Deny patterns are
+	// never refused for being broad.
+	Force bool
+	// Member restricts the rule to one sandbox member; "" means all.
+	Member string
+	// Source says where the rule came from ("approved during run").
+	Source string
+}
+
+// Add adds a rule and returns it. Adding a rule that is already there (same
+// list, pattern and member) returns the existing rule and changes nothing. A
+// persisted rule is on disk when Add returns.
+func (s *Sandbox) Add(req AddRequest) (*Rule, error) {
+	if req.List != Allowlist && req.List != Denylist {
+		return nil, fmt.Errorf("add rule: unknown list %v", req.List)
+	}
+	p, err := Parse(req.Pattern, ParseOptions{Force: req.Force || req.List == Denylist})
+	if err != nil {
+		return nil, err
+	}
+	tier := Session
+	if req.Persist {
+		tier = User
+	}
+	r := NewRule(req.List, tier, p, req.Member, req.Source, s.now().UTC().Truncate(time.Second))
+	r.Forced = req.Force && req.List == Allowlist
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, old := range s.rulesLocked() {
+		if old.ID == r.ID && (old.Tier != Session || !req.Persist) {
+			return old, nil
+		}
+	}
+	if !req.Persist {
+		s.setLocked(s.spec, append(slices.Clone(s.session), r))
+		return r, nil
+	}
+	if err := AddRule(s.path, r); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.name, err)
+	}
+	// Saving a session rule to the project replaces the session copy.
+	session := slices.DeleteFunc(slices.Clone(s.session), func(x *Rule) bool { return x.ID == r.ID })
+	return r, s.reloadLocked(session)
+}
+
+// Remove deletes the user or session rule with this ID and returns it. A
+// user rule is gone from disk when Remove returns.
+func (s *Sandbox) Remove(id string) (*Rule, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, r := range s.session {
+		if r.ID == id {
+			s.setLocked(s.spec, slices.Delete(slices.Clone(s.session), i, i+1))
+			return r, nil
+		}
+	}
+	var list List
+	for _, r := range s.spec.User {
+		if r.ID == id {
+			list = Allowlist
+		}
+	}
+	for _, r := range s.spec.Deny {
+		if r.ID == id {
+			list = Denylist
+		}
+	}
+	if list == 0 {
+		for _, r := range s.spec.Auto {
+			if r.ID == id {
+				return nil, fmt.Errorf("remove rule %s (%s): %w; remove its MCP server or auto entry from %s", id, r.Pattern, ErrAutoRule, s.path)
+			}
+		}
+		return nil, fmt.Errorf("remove rule %s: %w", id, ErrNoRule)
+	}
+	removed, err := RemoveRule(s.path, list, id)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.name, err)
+	}
+	return removed, s.reloadLocked(s.session)
+}
+
+// Reload re-reads the policy file. On error the rules in force stay as they
+// were and the error names the file, line and key.
+func (s *Sandbox) Reload() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reloadLocked(s.session)
+}
+
+func (s *Sandbox) reloadLocked(session []*Rule) error {
+	spec, err := loadOrDefault(s.path)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: reload: %w", s.name, err)
+	}
+	s.setLocked(spec, session)
+	return nil
+}
+
+// setLocked installs a new spec and session rules and compiles them.
+func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
+	s.spec, s.session = spec, session
+	if !spec.Enabled {
+		// A disabled sandbox still cages its members: with no policy in
+		// force, nothing is allowed.
+		s.rs.Store(NewRuleset(ActionDeny))
+		return
+	}
+	s.rs.Store(NewRuleset(spec.UnknownAction, spec.Deny, spec.Auto, spec.User, session))
+}

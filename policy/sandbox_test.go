@@ -1,0 +1,254 @@
+package policy
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func openTestSandbox(t *testing.T, content string) (*Sandbox, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "app.yaml")
+	if content != "" {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := OpenSandbox(SandboxConfig{Name: "myapp", Path: path, Now: func() time.Time {
+		return time.Date(2026, 11, 21, 6, 0, 0, 0, time.UTC)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, path
+}
+
+func verdict(s *Sandbox, host string) Verdict {
+	return s.Decide(Query{Host: host, Port: 443}).Verdict
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestSandboxMissingFileIsDefault(t *testing.T) {
+	s, path := openTestSandbox(t, "")
+	if v := verdict(s, "unknown.test"); v != Ask {
+		t.Errorf("unknown host with no policy file: %v, want ask", v)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("OpenSandbox created the policy file: %v", err)
+	}
+}
+
+func TestSandboxSessionRuleStaysInMemory(t *testing.T) {
+	s, path := openTestSandbox(t, "name: myapp\n")
+	r, err := s.Add(AddRequest{Pattern: "api.example.com", List: Allowlist, Source: "approved during run"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Tier != Session || verdict(s, "api.example.com") != Allow {
+		t.Fatalf("session rule %+v, verdict %v", r, verdict(s, "api.example.com"))
+	}
+	if got := readFile(t, path); got != "name: myapp\n" {
+		t.Errorf("a session rule changed the file:\n%s", got)
+	}
+	again, _ := OpenSandbox(SandboxConfig{Name: "myapp", Path: path})
+	if verdict(again, "api.example.com") != Ask {
+		t.Error("a session rule survived a reopen")
+	}
+}
+
+func TestSandboxPersistedRuleIsOnDisk(t *testing.T) {
+	s, path := openTestSandbox(t, "name: myapp  # keep me\n")
+	if _, err := s.Add(AddRequest{Pattern: "*.example.com/*", List: Allowlist}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Add(AddRequest{Pattern: "API.Example.com", List: Allowlist, Persist: true, Source: "manually added"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := readFile(t, path)
+	for _, want := range []string{"name: myapp  # keep me", `pattern: "api.example.com"`, `source: "manually added"`, `added: "2026-11-21T06:00:00Z"`} {
+		if !strings.Contains(file, want) {
+			t.Errorf("policy file lacks %q:\n%s", want, file)
+		}
+	}
+	again, err := OpenSandbox(SandboxConfig{Name: "myapp", Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if verdict(again, "api.example.com") != Allow {
+		t.Error("persisted rule not in force after reopening")
+	}
+	// The same rule again: nothing changes, the same rule comes back.
+	dup, err := s.Add(AddRequest{Pattern: "api.example.com", List: Allowlist, Persist: true})
+	if err != nil || dup.ID != r.ID {
+		t.Errorf("duplicate add = %+v, %v; want the existing rule", dup, err)
+	}
+	if readFile(t, path) != file {
+		t.Error("duplicate add rewrote the file")
+	}
+	// Removing it takes it off disk and out of force.
+	if _, err := s.Remove(r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(readFile(t, path), "api.example.com") || verdict(s, "api.example.com") != Allow /* still *.example.com/* session */ {
+		t.Errorf("after remove:\n%s", readFile(t, path))
+	}
+	if verdict(s, "example.com") != Ask {
+		t.Error("example.com should be unknown")
+	}
+}
+
+func TestSandboxSaveSessionRuleToProject(t *testing.T) {
+	s, path := openTestSandbox(t, "")
+	sess, _ := s.Add(AddRequest{Pattern: "api.example.com", List: Allowlist})
+	saved, err := s.Add(AddRequest{Pattern: "api.example.com", List: Allowlist, Persist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if saved.ID != sess.ID || saved.Tier != User {
+		t.Errorf("saved = %+v", saved)
+	}
+	n := 0
+	for _, r := range s.Rules() {
+		if r.ID == saved.ID {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("rule listed %d times after saving the session rule, want once", n)
+	}
+	if !strings.Contains(readFile(t, path), "api.example.com") {
+		t.Error("not written")
+	}
+}
+
+func TestSandboxDenyAndRemoveErrors(t *testing.T) {
+	s, path := openTestSandbox(t, "sandbox:\n  mcp_servers:\n    - name: github\n")
+	d, err := s.Add(AddRequest{Pattern: "pastebin.com", List: Denylist, Persist: true, Source: "denied during run"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if verdict(s, "pastebin.com") != Deny || !strings.Contains(readFile(t, path), "network_denylist") {
+		t.Errorf("persisted deny not in force or not under network_denylist:\n%s", readFile(t, path))
+	}
+	if verdict(s, "api.github.com") != Allow {
+		t.Error("mcp_servers github did not allow api.github.com")
+	}
+	var auto *Rule
+	for _, r := range s.Rules() {
+		if r.Tier == Auto {
+			auto = r
+		}
+	}
+	if _, err := s.Remove(auto.ID); !errors.Is(err, ErrAutoRule) {
+		t.Errorf("removing an auto rule: %v, want ErrAutoRule", err)
+	}
+	if _, err := s.Remove("000000000000"); !errors.Is(err, ErrNoRule) {
+		t.Errorf("removing a missing rule: %v, want ErrNoRule", err)
+	}
+	if _, err := s.Remove(d.ID); err != nil || verdict(s, "pastebin.com") != Ask {
+		t.Errorf("remove deny: %v, verdict %v", err, verdict(s, "pastebin.com"))
+	}
+}
+
+func TestSandboxBroadPatterns(t *testing.T) {
+	s, path := openTestSandbox(t, "")
+	if _, err := s.Add(AddRequest{Pattern: "*.com", List: Allowlist, Persist: true}); !errors.Is(err, ErrBroad) {
+		t.Fatalf("broad allow without force: %v, want ErrBroad", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Error("a refused pattern created the file")
+	}
+	if _, err := s.Add(AddRequest{Pattern: "*.com", List: Allowlist, Persist: true, Force: true}); err != nil {
+		t.Fatalf("forced: %v", err)
+	}
+	if !strings.Contains(readFile(t, path), "force: true") || verdict(s, "x.com") != Allow {
+		t.Errorf("forced rule:\n%s", readFile(t, path))
+	}
+	if _, err := s.Add(AddRequest{Pattern: "*", List: Denylist}); err != nil {
+		t.Errorf("a broad deny needs no force: %v", err)
+	}
+	if _, err := s.Add(AddRequest{Pattern: "bad pattern here", List: Allowlist}); err == nil {
+		t.Error("bad pattern accepted")
+	}
+}
+
+func TestSandboxReloadKeepsLastGoodPolicy(t *testing.T) {
+	s, path := openTestSandbox(t, "sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
+	if err := os.WriteFile(path, []byte("sandbox:\n  network_allowlist:\n    user:\n      - patern: typo.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Reload()
+	if err == nil || !strings.Contains(err.Error(), "app.yaml:4") || !strings.Contains(err.Error(), "patern") {
+		t.Errorf("reload of a broken file: %v; want an error naming app.yaml:4 and the key", err)
+	}
+	if verdict(s, "allowed.test") != Allow {
+		t.Error("the last good policy is no longer in force")
+	}
+}
+
+func TestSandboxDisabledDeniesEverything(t *testing.T) {
+	s, _ := openTestSandbox(t, "sandbox:\n  enabled: false\n  unknown_action: allow\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
+	for _, h := range []string{"allowed.test", "unknown.test"} {
+		if v := verdict(s, h); v != Deny {
+			t.Errorf("%s in a disabled sandbox: %v, want deny", h, v)
+		}
+	}
+}
+
+func TestSandboxConcurrentDecideAndEdit(t *testing.T) {
+	s, path := openTestSandbox(t, "")
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					s.Decide(Query{Host: "h3.example.com", Port: 443})
+				}
+			}
+		}()
+	}
+	for i := 0; i < 20; i++ {
+		if _, err := s.Add(AddRequest{Pattern: "h" + string(rune('a'+i)) + ".example.com", List: Allowlist, Persist: i%2 == 0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	spec, err := LoadSpec(path)
+	if err != nil || len(spec.User) != 10 {
+		t.Errorf("file has %d user rules (%v), want 10", len(spec.User), err)
+	}
+}
+
+func TestOpenSandboxErrors(t *testing.T) {
+	if _, err := OpenSandbox(SandboxConfig{Name: "Bad_Name", Path: "/x"}); err == nil {
+		t.Error("bad name accepted")
+	}
+	if _, err := OpenSandbox(SandboxConfig{Name: "ok"}); err == nil {
+		t.Error("missing path accepted")
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("sandbox:\n  unknown_action: maybe\n"), 0o644)
+	if _, err := OpenSandbox(SandboxConfig{Name: "ok", Path: bad}); err == nil || !strings.Contains(err.Error(), "bad.yaml:2") {
+		t.Errorf("broken file: %v", err)
+	}
+}
