@@ -411,3 +411,45 @@ func (d Decision) Explain(host string) string {
 		return fmt.Sprintf("%s %s: %s", d.Verdict, host, d.Reason)
 	}
 }
+
+// DecideName answers a question about a DNS name, which has neither port nor
+// path: Deny when a deny rule for the whole name matches (no method, path or
+// port of its own), Allow when any allow rule's host part matches it (on any
+// port, for any path), and otherwise the unknown action with ReasonUnknown.
+// The DNS gate forwards a query upstream only on Allow with a Rule, so a name
+// no rule allows never reaches an upstream server, whatever unknown_action
+// says. IP literals are not names and are denied.
+func (rs *Ruleset) DecideName(source, name string) Decision {
+	host, err := NormalizeHost(name)
+	if err != nil || isIPLiteral(host) {
+		return Decision{Verdict: Deny, Reason: ReasonBadHost}
+	}
+	m := nameMatcher{source: source, deny: true}
+	rs.deny.candidates(host, false, m.visit)
+	if m.found != nil {
+		return Decision{Verdict: Deny, Rule: m.found, Reason: ReasonDenyRule}
+	}
+	m = nameMatcher{source: source}
+	rs.allow.candidates(host, false, m.visit)
+	if m.found != nil {
+		return Decision{Verdict: Allow, Rule: m.found, Reason: ReasonAllowRule}
+	}
+	return rs.unknownDecision()
+}
+
+type nameMatcher struct {
+	source string
+	deny   bool
+	found  *Rule
+}
+
+func (m *nameMatcher) visit(r *Rule) bool {
+	if r.Member != "" && r.Member != m.source {
+		return true
+	}
+	if m.deny && (r.Pattern.NeedsL7() || r.Pattern.port != 0) {
+		return true
+	}
+	m.found = r
+	return false
+}

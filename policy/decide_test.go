@@ -478,3 +478,43 @@ func BenchmarkDecideRequest(b *testing.B) {
 		})
 	}
 }
+
+func TestDecideName(t *testing.T) {
+	type want struct {
+		verdict Verdict
+		rule    string
+	}
+	rs := ruleset(t, ActionAsk, "*.example.com", "api.example.net/v1/*", "db.example.org:5432",
+		"deny pastebin.com", "deny ssh.example.com:22", "deny api.example.com/admin/*", "@mcp:github api.github.com")
+	tests := []struct {
+		name, source, host string
+		want               want
+	}{
+		{name: "wildcard allows", host: "cdn.example.com", want: want{Allow, "*.example.com"}},
+		{name: "path rule allows the name", host: "api.example.net", want: want{Allow, "api.example.net/v1/*"}},
+		{name: "port rule allows the name", host: "DB.example.org.", want: want{Allow, "db.example.org:5432"}},
+		{name: "deny", host: "pastebin.com", want: want{Deny, "pastebin.com"}},
+		{name: "port deny does not deny the name", host: "ssh.example.com", want: want{Allow, "*.example.com"}},
+		{name: "path deny does not deny the name", host: "api.example.com", want: want{Allow, "*.example.com"}},
+		{name: "unknown", host: "unknown.test", want: want{Ask, ""}},
+		{name: "member rule for its member", source: "mcp:github", host: "api.github.com", want: want{Allow, "api.github.com"}},
+		{name: "member rule not for others", source: "agent", host: "api.github.com", want: want{Ask, ""}},
+		{name: "ip literal is not a name", host: "203.0.113.7", want: want{Deny, ""}},
+		{name: "garbage", host: "a\x00b", want: want{Deny, ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := rs.DecideName(tt.source, tt.host)
+			got := want{verdict: d.Verdict}
+			if d.Rule != nil {
+				got.rule = d.Rule.Pattern.String()
+			}
+			if got != tt.want {
+				t.Errorf("DecideName(%q, %q) = %+v, want %+v", tt.source, tt.host, got, tt.want)
+			}
+		})
+	}
+	if a := testing.AllocsPerRun(100, func() { rs.DecideName("", "cdn.example.com") }); a != 0 {
+		t.Errorf("DecideName allocates %v times, want 0", a)
+	}
+}
