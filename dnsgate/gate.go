@@ -1,0 +1,417 @@
+package dnsgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/airlockhq/airlock/policy"
+)
+
+// Decider is the policy question the gate asks about a name.
+type Decider interface {
+	// DecideName answers for a DNS name asked by source (see
+	// policy.Ruleset.DecideName).
+	DecideName(source, name string) policy.Decision
+}
+
+// Verdicts of DNS events.
+const (
+	VerdictFake      = "fake-ip"   // A query answered from the fake-IP pool
+	VerdictForwarded = "forwarded" // answered by an upstream server
+	VerdictNoData    = "nodata"    // AAAA, HTTPS, SVCB: no records by design
+	VerdictReverse   = "reverse"   // PTR of a fake IP answered with its name
+	VerdictDenied    = "denied"    // NXDOMAIN: a deny rule matched
+	VerdictRefused   = "refused"   // REFUSED: type not allowed, or name not allowlisted
+	VerdictTripped   = "exfiltration"
+	VerdictError     = "error" // SERVFAIL: upstream failed
+)
+
+// Event records one query.
+type Event struct {
+	Time    time.Time
+	Sandbox string
+	Source  string // member label, or its address when unknown
+	Addr    netip.Addr
+	Name    string
+	Type    string
+	Verdict string
+	Rule    string // the pattern that decided, if any
+	Reason  string
+	Trip    *Trip // set for exfiltration trips
+}
+
+// Config configures a Gate.
+type Config struct {
+	// Sandbox names the sandbox the gate serves, for events. Required.
+	Sandbox string
+	// Listen is the address the gate binds for UDP and TCP, normally the
+	// sandbox bridge's address and port 53. Required.
+	Listen netip.AddrPort
+	// Clients is the range queries may come from (the sandbox subnet);
+	// others are refused. Zero means any.
+	Clients netip.Prefix
+	// Policy decides names. Required.
+	Policy Decider
+	// Pool hands out fake IPs; it may be shared by gates. Required.
+	Pool *Pool
+	// Upstream answers forwarded queries. Required.
+	Upstream Exchanger
+	// Guard checks names before they are forwarded. Required.
+	Guard *Guard
+	// Members names the member behind an address; nil, or "" from it, means
+	// the address itself names the source.
+	Members func(netip.Addr) string
+	// OnEvent receives every query's event; nil means none. It must not
+	// block.
+	OnEvent func(Event)
+	// Logger receives one line per decision; nil means slog.Default().
+	Logger *slog.Logger
+	// TTL of fake-IP answers in seconds; 0 means DefaultTTL.
+	TTL uint32
+	// UpstreamTimeout bounds one forwarded query; 0 means 5 s.
+	UpstreamTimeout time.Duration
+}
+
+// DefaultTTL is the TTL, in seconds, of fake-IP answers: short, so that a
+// name's answer follows policy and pool changes quickly.
+const DefaultTTL = 5
+
+// Gate is a sandbox's DNS server.
+type Gate struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex // guards servers, closed and addr
+	servers []*dns.Server
+	closed  bool
+	addr    netip.AddrPort
+	wg      sync.WaitGroup
+}
+
+// New checks cfg and returns a gate; Start binds it.
+func New(cfg Config) (*Gate, error) {
+	switch {
+	case cfg.Sandbox == "":
+		return nil, errors.New("dnsgate: no sandbox name")
+	case !cfg.Listen.IsValid():
+		return nil, errors.New("dnsgate: no listen address")
+	case cfg.Policy == nil, cfg.Pool == nil, cfg.Upstream == nil, cfg.Guard == nil:
+		return nil, errors.New("dnsgate: policy, pool, upstream and guard are required")
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = 5 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Gate{cfg: cfg, log: log.With("component", "dnsgate", "sandbox", cfg.Sandbox)}, nil
+}
+
+// Start binds UDP and TCP on the listen address and serves until Close. A
+// taken port is an error that names the process holding it.
+func (g *Gate) Start() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return errors.New("dnsgate: closed")
+	}
+	addr := g.cfg.Listen.String()
+	pc, err := net.ListenPacket("udp4", addr)
+	if err != nil {
+		return listenError("udp", g.cfg.Listen, err)
+	}
+	// With port 0 (tests), TCP takes the port UDP got.
+	addr = pc.LocalAddr().String()
+	g.addr = pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		pc.Close()
+		return listenError("tcp", g.cfg.Listen, err)
+	}
+	udp := &dns.Server{PacketConn: pc, Handler: g, UDPSize: 1232}
+	tcp := &dns.Server{Listener: ln, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+	g.servers = []*dns.Server{udp, tcp}
+	for _, s := range g.servers {
+		started := make(chan struct{})
+		s.NotifyStartedFunc = func() { close(started) }
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			if err := s.ActivateAndServe(); err != nil {
+				g.log.Error("dns server stopped", "err", err)
+			}
+		}()
+		<-started
+	}
+	g.log.Info("dns gate listening", "addr", addr)
+	return nil
+}
+
+// Addr returns the address the gate is bound to, once started.
+func (g *Gate) Addr() netip.AddrPort {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.addr
+}
+
+// Close stops the gate and waits for its goroutines. It is idempotent.
+func (g *Gate) Close() error {
+	g.mu.Lock()
+	servers := g.servers
+	g.servers, g.closed = nil, true
+	g.mu.Unlock()
+	var errs []error
+	for _, s := range servers {
+		if err := s.Shutdown(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	g.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// ServeDNS answers one query. It implements dns.Handler.
+func (g *Gate) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	resp := g.answer(req, remoteAddr(w))
+	if resp == nil {
+		return
+	}
+	if _, ok := w.RemoteAddr().(*net.UDPAddr); ok {
+		size := dns.MinMsgSize
+		if opt := req.IsEdns0(); opt != nil {
+			size = max(int(opt.UDPSize()), dns.MinMsgSize)
+		}
+		resp.Truncate(size)
+	}
+	if err := w.WriteMsg(resp); err != nil {
+		g.log.Debug("write dns reply", "err", err)
+	}
+}
+
+func remoteAddr(w dns.ResponseWriter) netip.Addr {
+	switch a := w.RemoteAddr().(type) {
+	case *net.UDPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	case *net.TCPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
+}
+
+// answer builds the reply to req from addr; nil means send nothing.
+func (g *Gate) answer(req *dns.Msg, addr netip.Addr) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.SetReply(req)
+	resp.RecursionAvailable = true
+	resp.Authoritative = false
+	ev := Event{Time: time.Now(), Sandbox: g.cfg.Sandbox, Addr: addr, Source: g.source(addr)}
+	defer func() { g.emit(ev) }()
+
+	if req.Response || len(req.Question) != 1 {
+		ev.Verdict, ev.Reason = VerdictRefused, "not one question"
+		resp.SetRcodeFormatError(req)
+		return resp
+	}
+	q := req.Question[0]
+	ev.Name, ev.Type = q.Name, dns.Type(q.Qtype).String()
+	switch {
+	case req.Opcode != dns.OpcodeQuery:
+		ev.Verdict, ev.Reason = VerdictRefused, "opcode "+dns.OpcodeToString[req.Opcode]
+		resp.Rcode = dns.RcodeNotImplemented
+		return resp
+	case g.cfg.Clients.IsValid() && !g.cfg.Clients.Contains(addr):
+		ev.Verdict, ev.Reason = VerdictRefused, "client outside the sandbox subnet"
+		return refuse(req, resp, ev.Reason)
+	case q.Qclass != dns.ClassINET:
+		ev.Verdict, ev.Reason = VerdictRefused, "class "+dns.Class(q.Qclass).String()
+		return refuse(req, resp, "only class IN is served")
+	}
+	name, err := policy.NormalizeHost(q.Name)
+	if err != nil {
+		ev.Verdict, ev.Reason = VerdictRefused, "not a valid name"
+		return refuse(req, resp, "not a valid name")
+	}
+	ev.Name = name
+
+	switch q.Qtype {
+	case dns.TypeNULL, dns.TypeANY, dns.TypeAXFR, dns.TypeIXFR:
+		ev.Verdict, ev.Reason = VerdictRefused, "record type never served"
+		return refuse(req, resp, ev.Type+" queries are refused by airlock")
+	case dns.TypePTR:
+		return g.reverse(req, resp, name, &ev)
+	}
+
+	d := g.cfg.Policy.DecideName(ev.Source, name)
+	if d.Rule != nil {
+		ev.Rule = d.Rule.Pattern.String()
+	}
+	if d.Verdict == policy.Deny && d.Reason != policy.ReasonUnknown {
+		ev.Verdict, ev.Reason = VerdictDenied, d.Reason.String()
+		resp.Rcode = dns.RcodeNameError
+		addEDE(req, resp, "denied by airlock: "+d.Reason.String())
+		return resp
+	}
+	switch q.Qtype {
+	case dns.TypeA:
+		ip := g.cfg.Pool.Assign(name)
+		ev.Verdict, ev.Reason = VerdictFake, ip.String()
+		resp.Answer = append(resp.Answer, &dns.A{
+			Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: g.cfg.TTL},
+			A:   ip.AsSlice(),
+		})
+		return resp
+	case dns.TypeAAAA, dns.TypeHTTPS, dns.TypeSVCB:
+		ev.Verdict, ev.Reason = VerdictNoData, "sandboxes are IPv4-only and connect through the proxy"
+		return resp
+	}
+	if d.Verdict != policy.Allow || d.Rule == nil {
+		ev.Verdict, ev.Reason = VerdictRefused, "no allow rule for this name"
+		return refuse(req, resp, "no allow rule for this name; approve it to resolve "+ev.Type+" records")
+	}
+	return g.forward(req, resp, name, &ev)
+}
+
+func (g *Gate) forward(req, resp *dns.Msg, name string, ev *Event) *dns.Msg {
+	trip, ok := g.cfg.Guard.Check(name)
+	if trip != nil {
+		ev.Trip = trip
+	}
+	if !ok {
+		ev.Verdict, ev.Reason = VerdictTripped, trip.Reason
+		return refuse(req, resp, "exfiltration guard: "+trip.Reason)
+	}
+	q := req.Question[0]
+	up := new(dns.Msg)
+	up.SetQuestion(dns.Fqdn(name), q.Qtype)
+	up.SetEdns0(1232, false)
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.UpstreamTimeout)
+	defer cancel()
+	r, err := g.cfg.Upstream.Exchange(ctx, up)
+	if err != nil {
+		ev.Verdict, ev.Reason = VerdictError, err.Error()
+		resp.Rcode = dns.RcodeServerFailure
+		return resp
+	}
+	ev.Verdict, ev.Reason = VerdictForwarded, dns.RcodeToString[r.Rcode]
+	if trip != nil {
+		ev.Verdict = VerdictTripped
+	}
+	resp.Rcode = r.Rcode
+	resp.Answer, resp.Ns = r.Answer, r.Ns
+	for _, rr := range r.Extra {
+		if rr.Header().Rrtype != dns.TypeOPT {
+			resp.Extra = append(resp.Extra, rr)
+		}
+	}
+	return resp
+}
+
+func (g *Gate) reverse(req, resp *dns.Msg, name string, ev *Event) *dns.Msg {
+	if ip, ok := ptrAddr(name); ok && g.cfg.Pool.Contains(ip) {
+		if host, ok := g.cfg.Pool.Name(ip); ok {
+			ev.Verdict, ev.Reason = VerdictReverse, host
+			resp.Answer = append(resp.Answer, &dns.PTR{
+				Hdr: dns.RR_Header{Name: req.Question[0].Name, Rrtype: dns.TypePTR, Class: dns.ClassINET, Ttl: g.cfg.TTL},
+				Ptr: dns.Fqdn(host),
+			})
+			return resp
+		}
+		ev.Verdict, ev.Reason = VerdictDenied, "fake IP not assigned"
+		resp.Rcode = dns.RcodeNameError
+		return resp
+	}
+	// Reverse names of real addresses would carry data upstream and help no
+	// sandboxed program; they are never forwarded.
+	ev.Verdict, ev.Reason = VerdictRefused, "reverse lookups outside the fake-IP pool are not forwarded"
+	return refuse(req, resp, ev.Reason)
+}
+
+// ptrAddr reads "d.c.b.a.in-addr.arpa" as a.b.c.d.
+func ptrAddr(name string) (netip.Addr, bool) {
+	rest, ok := strings.CutSuffix(name, ".in-addr.arpa")
+	if !ok {
+		return netip.Addr{}, false
+	}
+	p := strings.Split(rest, ".")
+	if len(p) != 4 {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(p[3] + "." + p[2] + "." + p[1] + "." + p[0])
+	return a, err == nil
+}
+
+func refuse(req, resp *dns.Msg, why string) *dns.Msg {
+	resp.Rcode = dns.RcodeRefused
+	addEDE(req, resp, why)
+	return resp
+}
+
+// addEDE attaches an Extended DNS Error (Blocked) when the client speaks
+// EDNS; RFC 6891 forbids an OPT record in a reply to a query without one.
+func addEDE(req, resp *dns.Msg, why string) {
+	opt := req.IsEdns0()
+	if opt == nil {
+		return
+	}
+	resp.SetEdns0(1232, false)
+	ro := resp.IsEdns0()
+	ro.Option = append(ro.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeBlocked, ExtraText: "airlock: " + why})
+}
+
+func (g *Gate) source(addr netip.Addr) string {
+	if g.cfg.Members != nil {
+		if s := g.cfg.Members(addr); s != "" {
+			return s
+		}
+	}
+	if !addr.IsValid() {
+		return ""
+	}
+	return addr.String()
+}
+
+func (g *Gate) emit(ev Event) {
+	level := slog.LevelDebug
+	switch ev.Verdict {
+	case VerdictDenied, VerdictRefused, VerdictTripped, VerdictError:
+		level = slog.LevelInfo
+	}
+	g.log.Log(context.Background(), level, "dns",
+		"source", ev.Source, "host", ev.Name, "type", ev.Type, "verdict", ev.Verdict, "rule", ev.Rule, "reason", ev.Reason)
+	if ev.Trip != nil {
+		g.log.Warn("exfiltration guard tripped", "source", ev.Source, "host", ev.Name, "domain", ev.Trip.Domain,
+			"reason", ev.Trip.Reason, "blocked", ev.Trip.Blocked)
+	}
+	if g.cfg.OnEvent != nil {
+		g.cfg.OnEvent(ev)
+	}
+}
+
+// listenError explains a failed bind in words a user can act on.
+func listenError(proto string, addr netip.AddrPort, err error) error {
+	if errors.Is(err, syscallEADDRINUSE) {
+		if who := portOwner(proto, addr.Port()); who != "" {
+			return fmt.Errorf("dns gate: %s port %d on %s is taken by %s; stop it or choose another sandbox subnet", proto, addr.Port(), addr.Addr(), who)
+		}
+		return fmt.Errorf("dns gate: %s port %d on %s is taken; stop the program holding it or choose another sandbox subnet", proto, addr.Port(), addr.Addr())
+	}
+	if errors.Is(err, syscallEADDRNOTAVAIL) {
+		return fmt.Errorf("dns gate: %s is not an address of this host (is the sandbox bridge up?): %w", addr.Addr(), err)
+	}
+	return fmt.Errorf("dns gate: listen %s %s: %w", proto, addr, err)
+}

@@ -1,0 +1,421 @@
+package dnsgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"go.uber.org/goleak"
+
+	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
+	"github.com/airlockhq/airlock/policy"
+)
+
+type world struct {
+	gate     *Gate
+	addr     string
+	upstream *dnsgatetest.Server
+	pool     *Pool
+
+	mu     sync.Mutex
+	events []Event
+}
+
+func (w *world) Events() []Event {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]Event(nil), w.events...)
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tlogWriter struct{ t *testing.T }
+
+func (w tlogWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// newWorld starts a fake upstream and a gate in front of it, with rules
+// (patterns; "deny " prefix for the denylist) and unknown_action ask.
+func newWorld(t *testing.T, guard GuardConfig, rules ...string) *world {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+	up := &dnsgatetest.Server{
+		A:   map[string]string{"allowed.test": "203.0.113.10", "api.example.com": "203.0.113.11"},
+		TXT: map[string]string{"allowed.test": "v=allowed", "unknown.test": "v=secret"},
+	}
+	upAddr, err := up.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(up.Close)
+	var rs []*policy.Rule
+	for _, s := range rules {
+		l := policy.Allowlist
+		if p, ok := strings.CutPrefix(s, "deny "); ok {
+			l, s = policy.Denylist, p
+		}
+		rs = append(rs, policy.NewRule(l, policy.User, policy.MustParse(s), "", "test", time.Time{}))
+	}
+	pool, err := NewPool(DefaultPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream, err := NewUpstream([]string{upAddr}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewGuard(guard, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{upstream: up, pool: pool}
+	gate, err := New(Config{
+		Sandbox:  "test",
+		Listen:   netip.MustParseAddrPort("127.0.0.1:0"),
+		Policy:   policy.NewRuleset(policy.ActionAsk, rs),
+		Pool:     pool,
+		Upstream: upstream,
+		Guard:    g,
+		Members: func(a netip.Addr) string {
+			if a == netip.MustParseAddr("127.0.0.1") {
+				return "agent"
+			}
+			return ""
+		},
+		OnEvent: func(e Event) { w.mu.Lock(); w.events = append(w.events, e); w.mu.Unlock() },
+		Logger:  testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gate.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gate.Close() })
+	w.gate, w.addr = gate, gate.Addr().String()
+	return w
+}
+
+func (w *world) query(t *testing.T, netw, name string, qtype uint16) *dns.Msg {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	m.SetEdns0(1232, false)
+	c := &dns.Client{Net: netw, Timeout: 2 * time.Second}
+	r, _, err := c.Exchange(m, w.addr)
+	if err != nil {
+		t.Fatalf("query %s %s over %s: %v", name, dns.Type(qtype), netw, err)
+	}
+	return r
+}
+
+func ede(r *dns.Msg) (uint16, bool) {
+	if opt := r.IsEdns0(); opt != nil {
+		for _, o := range opt.Option {
+			if e, ok := o.(*dns.EDNS0_EDE); ok {
+				return e.InfoCode, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func TestGateAnswers(t *testing.T) {
+	w := newWorld(t, GuardConfig{}, "allowed.test", "*.example.com", "deny pastebin.com")
+	tests := []struct {
+		name      string
+		netw      string
+		qname     string
+		qtype     uint16
+		rcode     int
+		fake      bool   // answer is an A record from the fake pool
+		txt       string // expected TXT answer
+		blocked   bool   // carries EDE Blocked
+		upstream  bool   // the upstream must have seen the name
+		noAnswers bool
+	}{
+		{name: "allowed A is fake", netw: "udp", qname: "allowed.test.", qtype: dns.TypeA, rcode: dns.RcodeSuccess, fake: true},
+		{name: "unknown A is fake", netw: "udp", qname: "unknown.test.", qtype: dns.TypeA, rcode: dns.RcodeSuccess, fake: true},
+		{name: "unknown A over TCP", netw: "tcp", qname: "tcp-unknown.test.", qtype: dns.TypeA, rcode: dns.RcodeSuccess, fake: true},
+		{name: "AAAA no data", netw: "udp", qname: "allowed.test.", qtype: dns.TypeAAAA, rcode: dns.RcodeSuccess, noAnswers: true},
+		{name: "HTTPS no data", netw: "udp", qname: "allowed.test.", qtype: dns.TypeHTTPS, rcode: dns.RcodeSuccess, noAnswers: true},
+		{name: "SVCB no data", netw: "udp", qname: "allowed.test.", qtype: dns.TypeSVCB, rcode: dns.RcodeSuccess, noAnswers: true},
+		{name: "TXT allowed forwarded", netw: "udp", qname: "allowed.test.", qtype: dns.TypeTXT, rcode: dns.RcodeSuccess, txt: "v=allowed", upstream: true},
+		{name: "TXT allowed over TCP", netw: "tcp", qname: "allowed.test.", qtype: dns.TypeTXT, rcode: dns.RcodeSuccess, txt: "v=allowed", upstream: true},
+		{name: "TXT unknown refused", netw: "udp", qname: "unknown.test.", qtype: dns.TypeTXT, rcode: dns.RcodeRefused, blocked: true},
+		{name: "MX unknown refused", netw: "udp", qname: "unknown.test.", qtype: dns.TypeMX, rcode: dns.RcodeRefused, blocked: true},
+		{name: "NULL refused", netw: "udp", qname: "allowed.test.", qtype: dns.TypeNULL, rcode: dns.RcodeRefused, blocked: true},
+		{name: "ANY refused", netw: "udp", qname: "allowed.test.", qtype: dns.TypeANY, rcode: dns.RcodeRefused, blocked: true},
+		{name: "AXFR refused", netw: "tcp", qname: "allowed.test.", qtype: dns.TypeAXFR, rcode: dns.RcodeRefused, blocked: true},
+		{name: "IXFR refused", netw: "udp", qname: "allowed.test.", qtype: dns.TypeIXFR, rcode: dns.RcodeRefused, blocked: true},
+		{name: "denied NXDOMAIN", netw: "udp", qname: "pastebin.com.", qtype: dns.TypeA, rcode: dns.RcodeNameError, blocked: true},
+		{name: "denied TXT NXDOMAIN", netw: "udp", qname: "pastebin.com.", qtype: dns.TypeTXT, rcode: dns.RcodeNameError, blocked: true},
+		{name: "denied mixed case", netw: "udp", qname: "PasteBin.COM.", qtype: dns.TypeA, rcode: dns.RcodeNameError, blocked: true},
+		{name: "reverse of a real IP refused", netw: "udp", qname: "10.113.0.203.in-addr.arpa.", qtype: dns.TypePTR, rcode: dns.RcodeRefused, blocked: true},
+		{name: "numeric name refused", netw: "udp", qname: "3405803783.", qtype: dns.TypeA, rcode: dns.RcodeRefused, blocked: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := len(w.upstream.Queries())
+			r := w.query(t, tt.netw, tt.qname, tt.qtype)
+			if r.Rcode != tt.rcode {
+				t.Fatalf("rcode = %s, want %s", dns.RcodeToString[r.Rcode], dns.RcodeToString[tt.rcode])
+			}
+			if tt.fake {
+				if len(r.Answer) != 1 {
+					t.Fatalf("answers = %v, want one A", r.Answer)
+				}
+				a, _ := netip.AddrFromSlice(r.Answer[0].(*dns.A).A.To4())
+				if !DefaultPool.Contains(a) {
+					t.Errorf("A = %s, want an address in %s", a, DefaultPool)
+				}
+			}
+			if tt.txt != "" {
+				if len(r.Answer) != 1 || r.Answer[0].(*dns.TXT).Txt[0] != tt.txt {
+					t.Errorf("answers = %v, want TXT %q", r.Answer, tt.txt)
+				}
+			}
+			if tt.noAnswers && len(r.Answer) != 0 {
+				t.Errorf("answers = %v, want none", r.Answer)
+			}
+			if code, ok := ede(r); tt.blocked && (!ok || code != dns.ExtendedErrorCodeBlocked) {
+				t.Errorf("EDE = %d (%v), want Blocked (15)", code, ok)
+			}
+			if got := len(w.upstream.Queries()) > before; got != tt.upstream {
+				t.Errorf("query reached the upstream = %v, want %v (queries %v)", got, tt.upstream, w.upstream.Queries())
+			}
+		})
+	}
+	// No name that no rule allows ever reached the upstream.
+	for _, q := range w.upstream.Queries() {
+		if q.Name != "allowed.test" {
+			t.Errorf("upstream received %v; only allowed.test is allowlisted", q)
+		}
+	}
+}
+
+func TestGateFakeIPsStableAndReversible(t *testing.T) {
+	w := newWorld(t, GuardConfig{})
+	a1 := w.query(t, "udp", "one.test.", dns.TypeA).Answer[0].(*dns.A).A.String()
+	a2 := w.query(t, "udp", "ONE.test.", dns.TypeA).Answer[0].(*dns.A).A.String()
+	b := w.query(t, "udp", "two.test.", dns.TypeA).Answer[0].(*dns.A).A.String()
+	if a1 != a2 {
+		t.Errorf("one.test got %s then %s; want one stable address (case ignored)", a1, a2)
+	}
+	if a1 == b {
+		t.Errorf("one.test and two.test share %s", a1)
+	}
+	rev, _ := dns.ReverseAddr(a1)
+	r := w.query(t, "udp", rev, dns.TypePTR)
+	if len(r.Answer) != 1 || r.Answer[0].(*dns.PTR).Ptr != "one.test." {
+		t.Errorf("PTR %s = %v, want one.test.", rev, r.Answer)
+	}
+	if name, ok := w.pool.Name(netip.MustParseAddr(a1)); !ok || name != "one.test" {
+		t.Errorf("pool maps %s to %q, %v; want one.test", a1, name, ok)
+	}
+	if len(w.upstream.Queries()) != 0 {
+		t.Errorf("upstream saw %v; A and PTR must never be forwarded", w.upstream.Queries())
+	}
+}
+
+func TestGateEvents(t *testing.T) {
+	w := newWorld(t, GuardConfig{}, "deny pastebin.com")
+	w.query(t, "udp", "pastebin.com.", dns.TypeA)
+	w.query(t, "udp", "Unknown.Test.", dns.TypeTXT)
+	ev := w.Events()
+	if len(ev) != 2 {
+		t.Fatalf("events = %+v, want 2", ev)
+	}
+	want := []struct{ source, name, typ, verdict, rule string }{
+		{"agent", "pastebin.com", "A", VerdictDenied, "pastebin.com"},
+		{"agent", "unknown.test", "TXT", VerdictRefused, ""},
+	}
+	for i, e := range ev {
+		got := struct{ source, name, typ, verdict, rule string }{e.Source, e.Name, e.Type, e.Verdict, e.Rule}
+		if got != want[i] || e.Sandbox != "test" {
+			t.Errorf("event %d = %+v (sandbox %q), want %+v", i, got, e.Sandbox, want[i])
+		}
+	}
+}
+
+func TestGateExfiltrationCap(t *testing.T) {
+	const limit = 10
+	w := newWorld(t, GuardConfig{MaxSubdomains: limit}, "*.example.com")
+	r := rand.New(rand.NewPCG(7, 7))
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	for i := 0; i < 200; i++ {
+		b := make([]byte, 40)
+		for j := range b {
+			b[j] = alphabet[r.IntN(len(alphabet))]
+		}
+		w.query(t, "udp", string(b)+".example.com.", dns.TypeTXT)
+	}
+	seen := 0
+	for _, q := range w.upstream.Queries() {
+		if strings.HasSuffix(q.Name, ".example.com") {
+			seen++
+		}
+	}
+	if seen > limit {
+		t.Errorf("upstream saw %d random subdomains of example.com; cap is %d", seen, limit)
+	}
+	trips := 0
+	for _, e := range w.Events() {
+		if e.Trip != nil {
+			trips++
+		}
+	}
+	if trips == 0 {
+		t.Error("no exfiltration trip event")
+	}
+}
+
+func TestGateSubdomainCapWithPlainNames(t *testing.T) {
+	// Plain, low-entropy names pass the label checks; the distinct-name cap
+	// stops them.
+	const limit = 5
+	w := newWorld(t, GuardConfig{MaxSubdomains: limit}, "*.example.com")
+	for i := 0; i < 20; i++ {
+		w.query(t, "udp", fmt.Sprintf("host%d.example.com.", i), dns.TypeTXT)
+	}
+	if n := len(w.upstream.Queries()); n != limit {
+		t.Errorf("upstream saw %d names, want exactly the cap %d", n, limit)
+	}
+	// A name resolved before the trip keeps working.
+	w.query(t, "udp", "host0.example.com.", dns.TypeTXT)
+	if n := len(w.upstream.Queries()); n != limit+1 {
+		t.Errorf("upstream saw %d queries after re-asking a known name, want %d", n, limit+1)
+	}
+}
+
+func TestGateMalformedPackets(t *testing.T) {
+	w := newWorld(t, GuardConfig{}, "allowed.test")
+	conn, err := net.Dial("udp", w.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := rand.New(rand.NewPCG(1, 1))
+	valid, _ := (&dns.Msg{Question: []dns.Question{{Name: "allowed.test.", Qtype: dns.TypeA, Qclass: dns.ClassINET}}}).Pack()
+	for i := 0; i < 2000; i++ {
+		var b []byte
+		switch i % 3 {
+		case 0: // random bytes
+			b = make([]byte, r.IntN(600))
+			for j := range b {
+				b[j] = byte(r.UintN(256))
+			}
+		case 1: // a valid query with bytes flipped
+			b = append([]byte(nil), valid...)
+			b[r.IntN(len(b))] ^= byte(1 + r.UintN(255))
+		default: // truncated
+			b = valid[:r.IntN(len(valid))]
+		}
+		conn.Write(b)
+	}
+	// Still serving. The storm may have filled the socket's receive buffer,
+	// so ask as a resolver would: retry a few times.
+	m := new(dns.Msg)
+	m.SetQuestion("allowed.test.", dns.TypeA)
+	c := &dns.Client{Net: "udp", Timeout: time.Second}
+	var a *dns.Msg
+	for i := 0; i < 10 && a == nil; i++ {
+		a, _, _ = c.Exchange(m, w.addr)
+	}
+	if a == nil || a.Rcode != dns.RcodeSuccess || len(a.Answer) != 1 {
+		t.Fatalf("after the storm the gate does not answer: %v", a)
+	}
+	for _, q := range w.upstream.Queries() {
+		if q.Name != "allowed.test" {
+			t.Errorf("a malformed packet reached the upstream as %v", q)
+		}
+	}
+}
+
+func TestGateRefusesOutsiders(t *testing.T) {
+	w := newWorld(t, GuardConfig{}, "allowed.test")
+	w.gate.cfg.Clients = netip.MustParsePrefix("10.88.0.0/24")
+	r := w.query(t, "udp", "allowed.test.", dns.TypeA)
+	if r.Rcode != dns.RcodeRefused {
+		t.Errorf("query from outside the sandbox subnet: rcode %s, want REFUSED", dns.RcodeToString[r.Rcode])
+	}
+}
+
+func TestGatePortTakenNamesTheProcess(t *testing.T) {
+	w := newWorld(t, GuardConfig{})
+	g, err := New(Config{Sandbox: "x", Listen: w.gate.Addr(), Policy: policy.NewRuleset(policy.ActionAsk),
+		Pool: w.pool, Upstream: w.gate.cfg.Upstream, Guard: w.gate.cfg.Guard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = g.Start()
+	if err == nil {
+		g.Close()
+		t.Fatal("second gate on the same port started")
+	}
+	if !strings.Contains(err.Error(), "is taken by") || !strings.Contains(err.Error(), "pid") {
+		t.Errorf("error %q does not name the process holding the port", err)
+	}
+}
+
+func FuzzGateAnswer(f *testing.F) {
+	for _, q := range []struct {
+		n string
+		t uint16
+	}{{"allowed.test.", dns.TypeA}, {"x.example.com.", dns.TypeTXT}, {"1.0.18.198.in-addr.arpa.", dns.TypePTR}, {"pastebin.com.", dns.TypeAAAA}} {
+		m := new(dns.Msg)
+		m.SetQuestion(q.n, q.t)
+		m.SetEdns0(1232, false)
+		b, _ := m.Pack()
+		f.Add(b)
+	}
+	pool, _ := NewPool(DefaultPool)
+	guard, _ := NewGuard(GuardConfig{}, nil)
+	rs := policy.NewRuleset(policy.ActionAsk, []*policy.Rule{
+		policy.NewRule(policy.Allowlist, policy.User, policy.MustParse("*.example.com"), "", "", time.Time{}),
+		policy.NewRule(policy.Denylist, policy.User, policy.MustParse("pastebin.com"), "", "", time.Time{}),
+	})
+	g, _ := New(Config{Sandbox: "fuzz", Listen: netip.MustParseAddrPort("127.0.0.1:0"), Policy: rs, Pool: pool,
+		Upstream: refusingUpstream{}, Guard: guard, Logger: slog.New(slog.DiscardHandler)})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := new(dns.Msg)
+		if err := req.Unpack(b); err != nil {
+			return // the server drops or FORMERRs what does not unpack
+		}
+		resp := g.answer(req, netip.MustParseAddr("127.0.0.1"))
+		if resp == nil {
+			return
+		}
+		if _, err := resp.Pack(); err != nil {
+			t.Fatalf("reply does not pack: %v", err)
+		}
+		if resp.Id != req.Id {
+			t.Fatalf("reply id %d for query %d", resp.Id, req.Id)
+		}
+	})
+}
+
+// refusingUpstream fails every exchange, and panics (failing the fuzz run)
+// when asked about a name the fuzz policy does not allow.
+type refusingUpstream struct{}
+
+func (refusingUpstream) Exchange(_ context.Context, m *dns.Msg) (*dns.Msg, error) {
+	if n := m.Question[0].Name; !strings.HasSuffix(n, ".example.com.") {
+		panic("forwarded a name no rule allows: " + n)
+	}
+	return nil, errors.New("no upstream in fuzzing")
+}

@@ -1,0 +1,113 @@
+package dnsgate
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPoolReusesLeastRecentlyUsedWhenFull(t *testing.T) {
+	p, err := NewPool(netip.MustParsePrefix("198.18.0.0/30")) // two usable addresses
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := p.Assign("a.test")
+	b := p.Assign("b.test")
+	if a == b || a.String() != "198.18.0.1" || b.String() != "198.18.0.2" {
+		t.Fatalf("a=%s b=%s, want 198.18.0.1 and .2", a, b)
+	}
+	p.Assign("a.test") // a is now the most recently used
+	c := p.Assign("c.test")
+	if c != b {
+		t.Errorf("c.test got %s, want b.test's %s (least recently used)", c, b)
+	}
+	if _, ok := p.Name(b); !ok {
+		t.Fatal("reused address has no name")
+	}
+	if n, _ := p.Name(b); n != "c.test" {
+		t.Errorf("%s maps to %q, want c.test", b, n)
+	}
+	if got := p.Assign("a.test"); got != a {
+		t.Errorf("a.test moved from %s to %s", a, got)
+	}
+	if p.Len() != 2 {
+		t.Errorf("Len = %d, want 2", p.Len())
+	}
+}
+
+func TestNewPoolErrors(t *testing.T) {
+	for _, s := range []string{"198.18.0.0/31", "2001:db8::/64"} {
+		if _, err := NewPool(netip.MustParsePrefix(s)); err == nil {
+			t.Errorf("NewPool(%s) succeeded", s)
+		}
+	}
+}
+
+func TestGuardReasons(t *testing.T) {
+	tests := []struct {
+		name, host, reason string
+	}{
+		{"long label", strings.Repeat("a", 51) + ".example.com", "label of 51 bytes"},
+		{"hex", "deadbeef00112233.example.com", "hex-encoded"},
+		{"base32", "mzxw6ytboi2dgnzr.example.com", "base32-encoded"},
+		{"entropy", "q8f7z0x1m2n3b4v5c6k9j8h7.example.com", "entropy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, _ := NewGuard(GuardConfig{}, nil)
+			trip, ok := g.Check(tt.host)
+			if ok || trip == nil || !strings.Contains(trip.Reason, tt.reason) || trip.Domain != "example.com" {
+				t.Fatalf("Check(%s) = %+v, %v; want a blocking trip for %q", tt.host, trip, ok, tt.reason)
+			}
+			if _, ok := g.Check("www.example.com"); ok {
+				t.Error("a new name under the tripped domain was let through")
+			}
+			if _, ok := g.Check("www.other.com"); !ok {
+				t.Error("a name under another domain was blocked")
+			}
+		})
+	}
+}
+
+func TestGuardPassesOrdinaryNames(t *testing.T) {
+	g, _ := NewGuard(GuardConfig{}, nil)
+	for _, h := range []string{"www.example.com", "storage.googleapis.com", "generativelanguage.googleapis.com",
+		"api.github.com", "objects.githubusercontent.com", "ec2-203-0-113-7.compute-1.amazonaws.com",
+		"my-really-long-service-name-in-prod.example.com", "example.com"} {
+		if trip, ok := g.Check(h); !ok || trip != nil {
+			t.Errorf("Check(%s) = %+v, %v; want it to pass", h, trip, ok)
+		}
+	}
+}
+
+func TestGuardAlertOnlyAndBlockExpiry(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	g, _ := NewGuard(GuardConfig{AlertOnly: true}, clock)
+	if trip, ok := g.Check("deadbeef00112233.example.com"); !ok || trip == nil || trip.Blocked {
+		t.Errorf("alert-only: %+v, %v; want a trip that does not block", trip, ok)
+	}
+
+	g, _ = NewGuard(GuardConfig{MaxSubdomains: 2, BlockFor: time.Minute}, clock)
+	g.Check("a.example.com")
+	g.Check("b.example.com")
+	if _, ok := g.Check("c.example.com"); ok {
+		t.Fatal("third distinct name passed a cap of 2")
+	}
+	if _, ok := g.Check("a.example.com"); !ok {
+		t.Error("a name resolved before the trip stopped working")
+	}
+	now = now.Add(2 * time.Minute)
+	if _, ok := g.Check("d.example.com"); !ok {
+		t.Error("still blocked after BlockFor and a new window")
+	}
+}
+
+func TestGuardConfigValidation(t *testing.T) {
+	for _, c := range []GuardConfig{{MaxLabelLen: 64}, {MaxSubdomains: -1}, {Window: -time.Second}, {MaxEntropy: -1}} {
+		if _, err := NewGuard(c, nil); err == nil {
+			t.Errorf("NewGuard(%+v) succeeded", c)
+		}
+	}
+}
