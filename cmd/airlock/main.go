@@ -1,0 +1,203 @@
+// Command airlock is airlock's command line: it runs commands inside a
+// sandbox and tears sandboxes down. It finds the daemon's state through the
+// daemon's config file (--config, $AIRLOCK_CONFIG, or the default path).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+
+	"github.com/airlockhq/airlock/internal/config"
+	"github.com/airlockhq/airlock/netns"
+	"github.com/airlockhq/airlock/policy"
+	"github.com/airlockhq/airlock/tproxy"
+)
+
+const usage = `usage:
+  airlock run --sandbox NAME [--source LABEL] [--user UID[:GID]] -- CMD [ARG...]
+      run CMD in the sandbox: its own network namespace on the sandbox bridge,
+      DNS through the gate, no capabilities; exits with CMD's exit code
+  airlock teardown NAME
+      remove sandbox NAME's rules, bridge and leases (airlockd re-creates them
+      on its next start if NAME is still in its config)
+
+common flags (before or after the subcommand):
+  --config FILE   airlockd's config file (default $AIRLOCK_CONFIG or ` + config.DefaultPath + `)
+`
+
+func main() {
+	if netns.IsMemberInit() {
+		netns.MemberInit() // never returns
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(os.Stderr, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	switch args[0] {
+	case "run":
+		return cmdRun(args[1:])
+	case "teardown":
+		return cmdTeardown(args[1:])
+	}
+	fmt.Fprintf(os.Stderr, "airlock: unknown command %q\n\n%s", args[0], usage)
+	return 2
+}
+
+func loadConfig(path string) (*config.Config, error) {
+	explicit := path != ""
+	if path == "" {
+		path = os.Getenv("AIRLOCK_CONFIG")
+		explicit = path != ""
+	}
+	if path == "" {
+		path = config.DefaultPath
+	}
+	cfg, err := config.Load(path)
+	if errors.Is(err, os.ErrNotExist) && !explicit {
+		return config.Default(), nil
+	}
+	return cfg, err
+}
+
+func cmdRun(args []string) int {
+	fs := flag.NewFlagSet("airlock run", flag.ContinueOnError)
+	cfgPath := fs.String("config", "", "airlockd's config file")
+	sandbox := fs.String("sandbox", "", "sandbox to run in (required)")
+	source := fs.String("source", "", "label naming this member in events (default \"run\")")
+	user := fs.String("user", "", "run CMD as UID[:GID] (default: the sudo caller, else root without capabilities)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cmd := fs.Args()
+	if *sandbox == "" || len(cmd) == 0 {
+		fmt.Fprint(os.Stderr, "airlock run: need --sandbox NAME and a command after --\n\n"+usage)
+		return 2
+	}
+	if err := policy.ValidName(*sandbox); err != nil {
+		fmt.Fprintf(os.Stderr, "airlock run: %v\n", err)
+		return 2
+	}
+	if *source != "" && (len(*source) > 64 || strings.ContainsAny(*source, " \t\n\"\\")) {
+		fmt.Fprintf(os.Stderr, "airlock run: --source %q: want up to 64 characters without spaces or quotes\n", *source)
+		return 2
+	}
+	uid, gid, err := parseUser(*user)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock run: %v\n", err)
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "airlock run: must run as root to build the member's namespaces (try: sudo airlock run ...)")
+		return 1
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock run: %v\n", err)
+		return 1
+	}
+	ca := filepath.Join(cfg.StateDir, "ca", *sandbox, "bundle.pem")
+	if _, err := os.Stat(ca); err != nil {
+		ca = "" // no sandbox CA yet: nothing to offer
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	code, err := netns.Run(ctx, netns.RunConfig{
+		Sandbox:  *sandbox,
+		Source:   *source,
+		Command:  cmd,
+		LeaseDir: cfg.LeaseDir(*sandbox),
+		CABundle: ca,
+		UID:      uid,
+		GID:      gid,
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock run: %v\n", err)
+		return 125
+	}
+	return code
+}
+
+// parseUser reads UID[:GID]; empty means the sudo caller, if any.
+func parseUser(s string) (*uint32, *uint32, error) {
+	if s == "" {
+		u, g := os.Getenv("SUDO_UID"), os.Getenv("SUDO_GID")
+		if u == "" || g == "" {
+			return nil, nil, nil
+		}
+		s = u + ":" + g
+	}
+	us, gs, hasGID := strings.Cut(s, ":")
+	uid, err := strconv.ParseUint(us, 10, 32)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--user %q: want a numeric UID[:GID]", s)
+	}
+	gid := uid
+	if hasGID {
+		if gid, err = strconv.ParseUint(gs, 10, 32); err != nil {
+			return nil, nil, fmt.Errorf("--user %q: want a numeric UID[:GID]", s)
+		}
+	}
+	u, g := uint32(uid), uint32(gid)
+	return &u, &g, nil
+}
+
+func cmdTeardown(args []string) int {
+	fs := flag.NewFlagSet("airlock teardown", flag.ContinueOnError)
+	cfgPath := fs.String("config", "", "airlockd's config file")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprint(os.Stderr, "airlock teardown: need exactly one sandbox name\n\n"+usage)
+		return 2
+	}
+	name := fs.Arg(0)
+	if err := policy.ValidName(name); err != nil {
+		fmt.Fprintf(os.Stderr, "airlock teardown: %v\n", err)
+		return 2
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock teardown: %v\n", err)
+		return 1
+	}
+	// The bridge goes first: a bridge without its rules would be open.
+	h, err := netlink.NewHandle()
+	if err == nil {
+		err = netns.DeleteBridge(h, netns.BridgeName(name))
+		h.Close()
+	}
+	if err == nil {
+		var conn *nftables.Conn
+		if conn, err = nftables.New(); err == nil {
+			err = tproxy.DeleteSandboxRules(conn, netns.BridgeName(name))
+		}
+	}
+	if err == nil {
+		err = os.RemoveAll(cfg.LeaseDir(name))
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock teardown %s: %v\n", name, err)
+		return 1
+	}
+	fmt.Printf("sandbox %s torn down: rules, bridge %s and leases removed\n", name, netns.BridgeName(name))
+	return 0
+}

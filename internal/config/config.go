@@ -1,0 +1,226 @@
+// Package config reads airlockd's configuration file (DESIGN.md §7): where
+// the API listens, where state lives, the upstream DNS servers, the fake-IP
+// pool and the sandboxes.
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/airlockhq/airlock/policy"
+)
+
+// DefaultPath is where airlockd looks for its config file.
+const DefaultPath = "/etc/airlock/airlockd.yaml"
+
+//go:embed default.yaml
+var defaultYAML []byte
+
+// Default returns the built-in configuration: API on 127.0.0.1:7433, state
+// in /var/lib/airlock, the host's resolvers upstream, and one sandbox
+// "default" on 10.88.0.0/24.
+func Default() *Config {
+	c, err := Parse("(built-in)", defaultYAML)
+	if err != nil {
+		panic("built-in config: " + err.Error())
+	}
+	return c
+}
+
+// DefaultYAML returns the text of the built-in configuration.
+func DefaultYAML() []byte { return bytes.Clone(defaultYAML) }
+
+// Config is airlockd's configuration.
+type Config struct {
+	// Path is the file the config was read from.
+	Path string
+	// APIListen is "host:port" on loopback or "unix:/path".
+	APIListen string
+	// StateDir holds CA keys, the API token, audit logs and the policy files
+	// of sandboxes made through the API.
+	StateDir string
+	// RunDir holds runtime state: member leases.
+	RunDir string
+	// UpstreamDNS is "system" (the host's resolv.conf) or IP[:port] entries.
+	UpstreamDNS []string
+	// UpstreamCAFile holds extra roots for upstream TLS; "" means none.
+	UpstreamCAFile string
+	FakeIPPool     netip.Prefix
+	// ProxyPort is the proxy's port on every sandbox gateway.
+	ProxyPort uint16
+	Exfil     Exfil
+	Sandboxes []Sandbox
+}
+
+// Exfil tunes the DNS exfiltration guard; zero values take dnsgate's
+// defaults.
+type Exfil struct {
+	MaxLabelLen            int  `yaml:"max_label_len"`
+	MaxSubdomainsPerMinute int  `yaml:"max_subdomains_per_minute"`
+	AlertOnly              bool `yaml:"alert_only"`
+}
+
+// Sandbox is one configured sandbox.
+type Sandbox struct {
+	Name   string
+	Policy string // the policy file, absolute
+	Subnet netip.Prefix
+}
+
+// LeaseDir returns the directory of a sandbox's member leases.
+func (c *Config) LeaseDir(sandbox string) string {
+	return filepath.Join(c.RunDir, "leases", sandbox)
+}
+
+type fileConfig struct {
+	APIListen      string        `yaml:"api_listen"`
+	StateDir       string        `yaml:"state_dir"`
+	RunDir         string        `yaml:"run_dir"`
+	UpstreamDNS    []string      `yaml:"upstream_dns"`
+	UpstreamCAFile string        `yaml:"upstream_ca_file"`
+	FakeIPPool     string        `yaml:"fake_ip_pool"`
+	ProxyPort      int           `yaml:"proxy_port"`
+	Exfil          Exfil         `yaml:"exfil"`
+	Sandboxes      []fileSandbox `yaml:"sandboxes"`
+}
+
+type fileSandbox struct {
+	Name   string `yaml:"name"`
+	Policy string `yaml:"policy"`
+	Subnet string `yaml:"subnet"`
+}
+
+// Load reads a config file.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		abs = path
+	}
+	return Parse(abs, data)
+}
+
+// Parse reads a config from data; name is the file's path, for messages and
+// for relative paths inside it.
+func Parse(name string, data []byte) (*Config, error) {
+	var fc fileConfig
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&fc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("config %s: %w", name, err)
+	}
+	c := &Config{
+		Path:           name,
+		APIListen:      or(fc.APIListen, "127.0.0.1:7433"),
+		StateDir:       or(fc.StateDir, "/var/lib/airlock"),
+		RunDir:         or(fc.RunDir, "/run/airlock"),
+		UpstreamDNS:    fc.UpstreamDNS,
+		UpstreamCAFile: fc.UpstreamCAFile,
+		Exfil:          fc.Exfil,
+	}
+	if len(c.UpstreamDNS) == 0 {
+		c.UpstreamDNS = []string{"system"}
+	}
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("config %s: "+format, append([]any{name}, a...)...)
+	}
+	if err := checkAPIListen(c.APIListen); err != nil {
+		return nil, bad("api_listen: %v", err)
+	}
+	for _, d := range []struct{ key, dir string }{{"state_dir", c.StateDir}, {"run_dir", c.RunDir}} {
+		if !filepath.IsAbs(d.dir) {
+			return nil, bad("%s %q must be an absolute path", d.key, d.dir)
+		}
+	}
+	pool, err := netip.ParsePrefix(or(fc.FakeIPPool, "198.18.0.0/15"))
+	if err != nil || !pool.Addr().Is4() || pool.Bits() > 24 || pool.Masked() != pool {
+		return nil, bad("fake_ip_pool %q: want an IPv4 prefix of /24 or larger, such as 198.18.0.0/15", fc.FakeIPPool)
+	}
+	c.FakeIPPool = pool
+	switch {
+	case fc.ProxyPort == 0:
+		c.ProxyPort = 15001
+	case fc.ProxyPort < 1 || fc.ProxyPort > 65535 || fc.ProxyPort == 53:
+		return nil, bad("proxy_port %d: want 1 to 65535, not 53", fc.ProxyPort)
+	default:
+		c.ProxyPort = uint16(fc.ProxyPort)
+	}
+	if c.Exfil.MaxLabelLen < 0 || c.Exfil.MaxLabelLen > 63 || c.Exfil.MaxSubdomainsPerMinute < 0 {
+		return nil, bad("exfil: max_label_len wants 1 to 63, max_subdomains_per_minute a positive number")
+	}
+	if len(fc.Sandboxes) == 0 {
+		return nil, bad("no sandboxes; add one under sandboxes: (name, subnet)")
+	}
+	names := map[string]bool{}
+	for i, s := range fc.Sandboxes {
+		where := fmt.Sprintf("sandboxes[%d]", i)
+		if err := policy.ValidName(s.Name); err != nil {
+			return nil, bad("%s: %v", where, err)
+		}
+		if names[s.Name] {
+			return nil, bad("%s: sandbox %q twice", where, s.Name)
+		}
+		names[s.Name] = true
+		subnet, err := netip.ParsePrefix(s.Subnet)
+		switch {
+		case err != nil || !subnet.Addr().Is4():
+			return nil, bad("%s.subnet %q: want an IPv4 prefix such as 10.88.0.0/24", where, s.Subnet)
+		case subnet.Masked() != subnet:
+			return nil, bad("%s.subnet %s has host bits set; did you mean %s?", where, subnet, subnet.Masked())
+		case subnet.Bits() > 29 || subnet.Bits() < 16:
+			return nil, bad("%s.subnet %s: want a size from /16 to /29", where, subnet)
+		case subnet.Overlaps(pool):
+			return nil, bad("%s.subnet %s overlaps fake_ip_pool %s", where, subnet, pool)
+		}
+		for j, o := range c.Sandboxes {
+			if o.Subnet.Overlaps(subnet) {
+				return nil, bad("%s.subnet %s overlaps sandboxes[%d] (%s, %s)", where, subnet, j, o.Name, o.Subnet)
+			}
+		}
+		p := s.Policy
+		switch {
+		case p == "":
+			p = filepath.Join(c.StateDir, "sandboxes", s.Name+".yaml")
+		case !filepath.IsAbs(p):
+			p = filepath.Join(filepath.Dir(name), p)
+		}
+		c.Sandboxes = append(c.Sandboxes, Sandbox{Name: s.Name, Policy: p, Subnet: subnet})
+	}
+	return c, nil
+}
+
+func checkAPIListen(s string) error {
+	if path, ok := strings.CutPrefix(s, "unix:"); ok {
+		if !filepath.IsAbs(path) {
+			return fmt.Errorf("%q: a unix socket path must be absolute", s)
+		}
+		return nil
+	}
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return fmt.Errorf("%q: want 127.0.0.1:PORT or unix:/path", s)
+	}
+	if !ap.Addr().IsLoopback() {
+		return fmt.Errorf("%q is not a loopback address; the API must never be reachable from a sandbox or the network", s)
+	}
+	return nil
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

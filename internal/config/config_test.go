@@ -1,0 +1,77 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestDefault(t *testing.T) {
+	c := Default()
+	if c.APIListen != "127.0.0.1:7433" || c.StateDir != "/var/lib/airlock" || c.ProxyPort != 15001 {
+		t.Errorf("defaults: %+v", c)
+	}
+	if len(c.Sandboxes) != 1 || c.Sandboxes[0].Name != "default" || c.Sandboxes[0].Subnet.String() != "10.88.0.0/24" ||
+		c.Sandboxes[0].Policy != "/var/lib/airlock/sandboxes/default.yaml" {
+		t.Errorf("default sandbox: %+v", c.Sandboxes)
+	}
+	if c.FakeIPPool.String() != "198.18.0.0/15" || c.UpstreamDNS[0] != "system" {
+		t.Errorf("pool/upstream: %v %v", c.FakeIPPool, c.UpstreamDNS)
+	}
+}
+
+func TestParseDesignExample(t *testing.T) {
+	c, err := Parse("/etc/airlock/airlockd.yaml", []byte(`
+api_listen: 127.0.0.1:7433       # or unix:/run/airlock/api.sock
+state_dir: /var/lib/airlock
+upstream_dns: ["203.0.113.53:53"]
+upstream_ca_file: ""
+fake_ip_pool: 198.18.0.0/15
+sandboxes:
+  - name: default
+    policy: /var/lib/airlock/sandboxes/default.yaml
+    subnet: 10.88.0.0/24
+  - name: myapp
+    policy: app.yaml
+    subnet: 10.88.1.0/24
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Sandboxes[1].Policy != "/etc/airlock/app.yaml" {
+		t.Errorf("relative policy path = %q, want it relative to the config file", c.Sandboxes[1].Policy)
+	}
+	if c.LeaseDir("myapp") != "/run/airlock/leases/myapp" {
+		t.Errorf("LeaseDir = %q", c.LeaseDir("myapp"))
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	const sb = "\nsandboxes:\n  - name: a\n    subnet: 10.88.0.0/24\n"
+	tests := []struct{ name, yaml, want string }{
+		{"unknown key", "api_listn: 127.0.0.1:1" + sb, "field api_listn not found"},
+		{"public api", "api_listen: 0.0.0.0:7433" + sb, "not a loopback address"},
+		{"api garbage", "api_listen: localhost" + sb, "want 127.0.0.1:PORT"},
+		{"relative unix", "api_listen: unix:api.sock" + sb, "must be absolute"},
+		{"relative state", "state_dir: state" + sb, "absolute path"},
+		{"bad pool", "fake_ip_pool: 198.18.0.0/28" + sb, "fake_ip_pool"},
+		{"proxy port 53", "proxy_port: 53" + sb, "proxy_port"},
+		{"no sandboxes", "state_dir: /x\n", "no sandboxes"},
+		{"bad name", "sandboxes:\n  - name: My_App\n    subnet: 10.88.0.0/24\n", "sandbox name"},
+		{"dup name", "sandboxes:\n  - {name: a, subnet: 10.88.0.0/24}\n  - {name: a, subnet: 10.88.1.0/24}\n", "twice"},
+		{"host bits", "sandboxes:\n  - {name: a, subnet: 10.88.0.1/24}\n", "did you mean 10.88.0.0/24"},
+		{"v6 subnet", "sandboxes:\n  - {name: a, subnet: 'fd00::/64'}\n", "IPv4 prefix"},
+		{"tiny subnet", "sandboxes:\n  - {name: a, subnet: 10.88.0.0/30}\n", "/16 to /29"},
+		{"overlap", "sandboxes:\n  - {name: a, subnet: 10.88.0.0/24}\n  - {name: b, subnet: 10.88.0.128/25}\n", "overlaps sandboxes[0]"},
+		{"overlap pool", "sandboxes:\n  - {name: a, subnet: 198.18.0.0/24}\n", "overlaps fake_ip_pool"},
+		{"yaml syntax", "sandboxes: [", "config x.yaml"},
+		{"wrong type", "proxy_port: many" + sb, "cannot unmarshal"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("x.yaml", []byte(tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Parse error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}

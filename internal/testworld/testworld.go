@@ -1,0 +1,360 @@
+// Package testworld builds the world airlock's privileged end-to-end tests
+// run in (DESIGN.md §9): a "host" network namespace where airlockd runs,
+// an "internet" namespace behind it with servers at 203.0.113.0/24 that log
+// everything that reaches them (DNS, HTTP, UDP, a private service at
+// 10.255.0.1 and a metadata service at 169.254.169.254), and helpers to run
+// real clients as sandbox members through `airlock run`. Every name is
+// unique per test, and everything is torn down in t.Cleanup, also when the
+// test fails. Only addresses assigned to these test hosts are ever targeted.
+package testworld
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	vnetns "github.com/vishvananda/netns"
+
+	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
+	"github.com/airlockhq/airlock/internal/testenv"
+)
+
+// Addresses of the internet's hosts.
+const (
+	HostUplink = "203.0.113.254" // the host's address towards the internet
+	InetRouter = "203.0.113.1"
+	DNSAddr    = "203.0.113.53"
+	WebAddr    = "203.0.113.10" // allowed.test, HTTP on 80, UDP loggers on 443 and 9999
+	UDP53Addr  = "203.0.113.77" // a UDP logger on port 53 that is no DNS server
+	Private    = "10.255.0.1"   // stand-in private service, HTTP on 80
+	Metadata   = "169.254.169.254"
+)
+
+// World is one test's namespaces and servers.
+type World struct {
+	t    *testing.T
+	id   string
+	Host string // host namespace name (airlockd runs here)
+	Inet string // internet namespace name
+	Dir  string // scratch directory
+
+	DNS *dnsgatetest.Server
+
+	mu   sync.Mutex // guards logs
+	logs []string   // "proto addr ← from: data" lines of everything that reached the internet
+}
+
+// New builds a world. It needs root; see testenv.Privileged.
+func New(t *testing.T) *World {
+	t.Helper()
+	testenv.Privileged(t)
+	b := make([]byte, 3)
+	rand.Read(b)
+	id := hex.EncodeToString(b)
+	w := &World{t: t, id: id, Host: "alt" + id + "h", Inet: "alt" + id + "i", Dir: t.TempDir()}
+	t.Cleanup(w.teardown)
+
+	w.ip("netns", "add", w.Host)
+	w.ip("netns", "add", w.Inet)
+	w.ip("-n", w.Host, "link", "set", "lo", "up")
+	w.ip("-n", w.Inet, "link", "set", "lo", "up")
+	up, down := "alt"+id+"u", "alt"+id+"d"
+	w.ip("link", "add", up, "netns", w.Host, "type", "veth", "peer", "name", down, "netns", w.Inet)
+	w.ip("-n", w.Host, "addr", "add", HostUplink+"/24", "dev", up)
+	w.ip("-n", w.Host, "link", "set", up, "up")
+	for _, a := range []string{InetRouter + "/24", DNSAddr + "/24", WebAddr + "/24", UDP53Addr + "/24", Private + "/32", Metadata + "/32"} {
+		w.ip("-n", w.Inet, "addr", "add", a, "dev", down)
+	}
+	w.ip("-n", w.Inet, "link", "set", down, "up")
+	// The host routes to the private and metadata services, and forwards
+	// like a Docker host does: only airlock's rules keep sandboxes in.
+	w.ip("-n", w.Host, "route", "add", Private+"/32", "via", InetRouter)
+	w.ip("-n", w.Host, "route", "add", Metadata+"/32", "via", InetRouter)
+	w.sh("ip", "netns", "exec", w.Host, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+	// The internet could answer sandboxes if anything were let through.
+	w.ip("-n", w.Inet, "route", "add", "10.88.0.0/16", "via", HostUplink)
+
+	w.DNS = &dnsgatetest.Server{
+		A:   map[string]string{"allowed.test": WebAddr, "other.test": WebAddr},
+		TXT: map[string]string{"allowed.test": "v=allowed", "unknown.test": "v=secret"},
+	}
+	w.InNetns(w.Inet, func() {
+		if _, err := w.DNS.Start(DNSAddr + ":53"); err != nil {
+			t.Errorf("internet DNS: %v", err)
+		}
+		for _, a := range []string{WebAddr + ":80", WebAddr + ":443", Private + ":80", Metadata + ":80"} {
+			w.tcpLogger(a)
+		}
+		for _, a := range []string{WebAddr + ":443", WebAddr + ":9999", UDP53Addr + ":53"} {
+			w.udpLogger(a)
+		}
+	})
+	t.Cleanup(w.DNS.Close)
+	return w
+}
+
+func (w *World) teardown() {
+	for _, ns := range []string{w.Host, w.Inet} {
+		// Deleting the namespaces takes their links, bridges, nftables
+		// tables and routes with them.
+		exec.Command("ip", "netns", "del", ns).Run()
+	}
+}
+
+func (w *World) ip(args ...string) {
+	w.t.Helper()
+	w.sh("ip", args...)
+}
+
+func (w *World) sh(name string, args ...string) {
+	w.t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		w.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// InNetns runs fn on a thread inside namespace ns. Sockets fn creates stay
+// in ns. The thread is thrown away afterwards, never reused elsewhere.
+func (w *World) InNetns(ns string, fn func()) {
+	w.t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		h, err := vnetns.GetFromName(ns)
+		if err != nil {
+			w.t.Errorf("open netns %s: %v", ns, err)
+			return
+		}
+		defer h.Close()
+		if err := vnetns.Set(h); err != nil {
+			w.t.Errorf("enter netns %s: %v", ns, err)
+			return
+		}
+		fn()
+	}()
+	<-done
+	if w.t.Failed() {
+		w.t.FailNow()
+	}
+}
+
+func (w *World) record(line string) {
+	w.mu.Lock()
+	w.logs = append(w.logs, line)
+	w.mu.Unlock()
+}
+
+// Reached returns what reached the internet's TCP and UDP loggers, one line
+// each: "tcp 203.0.113.10:80 ← 10.88.0.2:41000" or "udp …: <bytes>".
+func (w *World) Reached() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.logs...)
+}
+
+func (w *World) tcpLogger(addr string) {
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		w.t.Errorf("tcp logger %s: %v", addr, err)
+		return
+	}
+	w.t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			w.record(fmt.Sprintf("tcp %s ← %s", addr, c.RemoteAddr()))
+			c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\ninternet"))
+			c.Close()
+		}
+	}()
+}
+
+func (w *World) udpLogger(addr string) {
+	pc, err := net.ListenPacket("udp4", addr)
+	if err != nil {
+		w.t.Errorf("udp logger %s: %v", addr, err)
+		return
+	}
+	w.t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			w.record(fmt.Sprintf("udp %s ← %s: %q", addr, from, buf[:n]))
+		}
+	}()
+}
+
+// Binaries builds airlockd and airlock once per test binary and returns
+// their directory.
+func Binaries(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "airlock-e2e-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		root, err := moduleRoot()
+		if err != nil {
+			binErr = err
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/airlockd", "./cmd/airlock")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		binDir = dir
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binDir
+}
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(strings.TrimSpace(string(out))), nil
+}
+
+// Daemon is an airlockd process running in the world's host namespace.
+type Daemon struct {
+	w    *World
+	cmd  *exec.Cmd
+	Log  *syncBuffer
+	done chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// StartDaemon runs airlockd with the config file cfg in the host namespace
+// and waits until it says it is ready.
+func (w *World) StartDaemon(cfg string) *Daemon {
+	w.t.Helper()
+	bin := Binaries(w.t)
+	d := &Daemon{w: w, Log: &syncBuffer{}, done: make(chan struct{})}
+	d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+	d.cmd.Stdout, d.cmd.Stderr = d.Log, d.Log
+	if err := d.cmd.Start(); err != nil {
+		w.t.Fatalf("start airlockd: %v", err)
+	}
+	go func() { d.cmd.Wait(); close(d.done) }()
+	w.t.Cleanup(func() {
+		d.cmd.Process.Kill()
+		<-d.done
+		w.t.Logf("airlockd log:\n%s", d.Log.String())
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(d.Log.String(), "airlockd ready") {
+		select {
+		case <-d.done:
+			w.t.Fatalf("airlockd exited:\n%s", d.Log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("airlockd not ready after 15 s:\n%s", d.Log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return d
+}
+
+// Kill kills airlockd with SIGKILL and waits for it to be gone.
+func (d *Daemon) Kill() {
+	d.cmd.Process.Kill()
+	<-d.done
+}
+
+// Stop sends SIGTERM and waits.
+func (d *Daemon) Stop() {
+	d.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-d.done:
+	case <-time.After(10 * time.Second):
+		d.w.t.Fatal("airlockd did not stop within 10 s of SIGINT")
+	}
+}
+
+// Result is what a member's command did.
+type Result struct {
+	Stdout, Stderr string
+	Code           int
+}
+
+// Run runs argv as a member of sandbox with `airlock run`, with a timeout.
+func (w *World) Run(cfg, sandbox, source string, timeout time.Duration, argv ...string) Result {
+	w.t.Helper()
+	bin := Binaries(w.t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	args := append([]string{"netns", "exec", w.Host, filepath.Join(bin, "airlock"), "run", "--config", cfg, "--sandbox", sandbox, "--source", source, "--"}, argv...)
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := Result{Stdout: out.String(), Stderr: errb.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.Code = ee.ExitCode()
+	} else if err != nil {
+		w.t.Fatalf("airlock run %v: %v", argv, err)
+	}
+	return r
+}
+
+// Start runs argv as a member in the background; the returned func waits
+// for it.
+func (w *World) Start(cfg, sandbox, source string, timeout time.Duration, argv ...string) func() Result {
+	ch := make(chan Result, 1)
+	go func() { ch <- w.Run(cfg, sandbox, source, timeout, argv...) }()
+	return func() Result { return <-ch }
+}
+
+// HostExec runs a command in the host namespace and returns its output.
+func (w *World) HostExec(args ...string) (string, error) {
+	out, err := exec.Command("ip", append([]string{"netns", "exec", w.Host}, args...)...).CombinedOutput()
+	return string(out), err
+}

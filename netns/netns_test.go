@@ -1,0 +1,84 @@
+package netns
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBridgeName(t *testing.T) {
+	tests := []struct{ sandbox, want string }{
+		{"default", "al-default"},
+		{"abcdefghijkl", "al-abcdefghijkl"}, // 15: fits
+	}
+	for _, tt := range tests {
+		if got := BridgeName(tt.sandbox); got != tt.want {
+			t.Errorf("BridgeName(%q) = %q, want %q", tt.sandbox, got, tt.want)
+		}
+	}
+	long1, long2 := BridgeName("abcdefghijklm"), BridgeName("abcdefghijkln")
+	if len(long1) != 15 || len(long2) != 15 || long1 == long2 || !strings.HasPrefix(long1, "al-abcdefg") {
+		t.Errorf("long names: %q %q; want distinct 15-character names", long1, long2)
+	}
+	if n := BridgeName(strings.Repeat("z", 31)); len(n) > 15 {
+		t.Errorf("31-character sandbox gives %q", n)
+	}
+}
+
+func TestNewNetwork(t *testing.T) {
+	n, err := NewNetwork("sb", netip.MustParsePrefix("10.88.0.0/24"))
+	if err != nil || n.Gateway.String() != "10.88.0.1" || n.Bridge != "al-sb" {
+		t.Fatalf("%+v %v", n, err)
+	}
+	first, last := n.RunRange()
+	if first.String() != "10.88.0.2" || last.String() != "10.88.0.127" {
+		t.Errorf("RunRange = %s..%s, want 10.88.0.2..10.88.0.127 (the upper half is Docker's)", first, last)
+	}
+	for _, bad := range []string{"10.88.0.1/24", "10.88.0.0/30", "fd00::/64"} {
+		if _, err := NewNetwork("sb", netip.MustParsePrefix(bad)); err == nil {
+			t.Errorf("NewNetwork(%s) succeeded", bad)
+		}
+	}
+}
+
+func TestLeases(t *testing.T) {
+	dir := t.TempDir()
+	n, _ := NewNetwork("sb", netip.MustParsePrefix("10.88.0.0/29")) // run range .2-.3
+	a, err := AcquireLease(dir, n, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := AcquireLease(dir, n, "mcp:github")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Addr == b.Addr {
+		t.Fatalf("two members got %s", a.Addr)
+	}
+	// flock is per open file: a lease held by this process blocks another
+	// acquisition of the same address from this process too.
+	if _, err := AcquireLease(dir, n, "third"); err == nil || !strings.Contains(err.Error(), "no free member address") {
+		t.Errorf("third lease in a full range: %v", err)
+	}
+	if got := LeaseSource(dir, b.Addr); got != "mcp:github" {
+		t.Errorf("LeaseSource = %q, want mcp:github", got)
+	}
+	b.Release()
+	b.Release() // idempotent
+	if got := LeaseSource(dir, b.Addr); got != "" {
+		t.Errorf("released lease still names %q", got)
+	}
+	// A stale file (its holder died) is taken over.
+	os.WriteFile(filepath.Join(dir, b.Addr.String()), []byte(`{"source":"dead"}`), 0o644)
+	if got := LeaseSource(dir, b.Addr); got != "" {
+		t.Errorf("stale lease names %q", got)
+	}
+	c, err := AcquireLease(dir, n, "new")
+	if err != nil || c.Addr != b.Addr {
+		t.Errorf("stale address not reused: %v %v", c, err)
+	}
+	a.Release()
+	c.Release()
+}

@@ -1,0 +1,386 @@
+package netns
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// InitArg is the first argument with which `airlock` re-executes itself as
+// the init process of a member's namespaces. cmd/airlock hands such a run
+// to MemberInit.
+const InitArg = "__airlock-member-init"
+
+const initEnv = "AIRLOCK_MEMBER_INIT"
+
+// MemberVethPrefix starts the host-side name of every member veth. The
+// rule set drops traffic from such a veth when it is not on a bridge.
+const MemberVethPrefix = "alr"
+
+// CAEnv are the variables that point programs at a CA bundle.
+var CAEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT"}
+
+// RunConfig configures Run.
+type RunConfig struct {
+	Sandbox string
+	// Source labels the member in events; "" means "run".
+	Source string
+	// Command is the program and its arguments. Required.
+	Command []string
+	// LeaseDir holds the sandbox's member leases (RUN_DIR/leases/SANDBOX).
+	LeaseDir string
+	// CABundle, when set, is exported to the command in CAEnv.
+	CABundle string
+	// UID and GID run the command as that user; nil runs it as root, but
+	// with no capabilities at all.
+	UID, GID *uint32
+	// Env is the command's environment; nil means os.Environ().
+	Env []string
+	// Stdin, Stdout and Stderr default to the process's own.
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+type initConfig struct {
+	Command []string `json:"command"`
+	Resolv  string   `json:"resolv"`
+	UID     *uint32  `json:"uid,omitempty"`
+	GID     *uint32  `json:"gid,omitempty"`
+	Env     []string `json:"env"`
+}
+
+// Run runs a command as a member of a sandbox: in fresh network, mount and
+// PID namespaces, attached to the sandbox bridge with an address of its own,
+// its DNS pointed at the gate, and no capabilities. It returns the command's
+// exit code (128+n when killed by signal n). When the command exits, or is
+// killed, or Run's own process dies, every process of the member dies with
+// it and its network namespace and veth are gone.
+func Run(ctx context.Context, cfg RunConfig) (int, error) {
+	if len(cfg.Command) == 0 {
+		return 0, errors.New("airlock run: no command")
+	}
+	if cfg.Source == "" {
+		cfg.Source = "run"
+	}
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return 0, fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	nw, err := LookupNetwork(h, cfg.Sandbox)
+	if err != nil {
+		return 0, err
+	}
+	bridge, err := h.LinkByName(nw.Bridge)
+	if err != nil {
+		return 0, err
+	}
+	lease, err := AcquireLease(cfg.LeaseDir, nw, cfg.Source)
+	if err != nil {
+		return 0, err
+	}
+	defer lease.Release()
+
+	tmp, err := os.MkdirTemp("", "airlock-run-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(tmp)
+	os.Chmod(tmp, 0o755)
+	resolv := filepath.Join(tmp, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("# written by airlock run: every DNS query goes to the sandbox's gate\nnameserver "+nw.Gateway.String()+"\n"), 0o644); err != nil {
+		return 0, err
+	}
+
+	env := cfg.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	if cfg.CABundle != "" {
+		for _, k := range CAEnv {
+			env = append(env, k+"="+cfg.CABundle)
+		}
+	}
+	env = append(env, "AIRLOCK_SANDBOX="+cfg.Sandbox)
+	ic, _ := json.Marshal(initConfig{Command: cfg.Command, Resolv: resolv, UID: cfg.UID, GID: cfg.GID, Env: env})
+
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	defer syncW.Close()
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	child := exec.Command(self, InitArg)
+	child.Env = []string{initEnv + "=" + string(ic)}
+	child.Stdin, child.Stdout, child.Stderr = orStd(cfg.Stdin, os.Stdin), orOut(cfg.Stdout, os.Stdout), orOut(cfg.Stderr, os.Stderr)
+	child.ExtraFiles = []*os.File{syncR}
+	child.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWNET | unix.CLONE_NEWNS | unix.CLONE_NEWPID,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	if err := child.Start(); err != nil {
+		syncR.Close()
+		return 0, fmt.Errorf("start member namespaces: %w", err)
+	}
+	syncR.Close()
+	pid := child.Process.Pid
+
+	hostVeth, err := attach(h, bridge, nw, lease, pid)
+	if err != nil {
+		child.Process.Kill()
+		child.Wait()
+		return 0, err
+	}
+	defer func() {
+		// The veth dies with the member's namespace; this catches a
+		// namespace something else still holds.
+		if l, err := h.LinkByName(hostVeth); err == nil {
+			h.LinkDel(l)
+		}
+	}()
+	if _, err := syncW.Write([]byte{1}); err != nil {
+		child.Process.Kill()
+		child.Wait()
+		return 0, fmt.Errorf("start member: %w", err)
+	}
+	syncW.Close()
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT)
+	defer signal.Stop(sigs)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case s := <-sigs:
+				child.Process.Signal(s)
+			case <-ctx.Done():
+				child.Process.Signal(unix.SIGTERM)
+				return
+			case <-done:
+				return
+			}
+		}
+	}()
+	err = child.Wait()
+	close(done)
+	return exitCode(child.ProcessState, err)
+}
+
+// attach creates the member's veth pair, puts one end in the member's
+// namespace as eth0 with the lease's address and a default route through
+// the gateway, and the other on the bridge.
+func attach(h *netlink.Handle, bridge netlink.Link, nw Network, lease *Lease, pid int) (string, error) {
+	suffix := make([]byte, 4)
+	rand.Read(suffix)
+	hostName := MemberVethPrefix + hex.EncodeToString(suffix)
+	peerName := "alp" + hex.EncodeToString(suffix)
+	la := netlink.NewLinkAttrs()
+	la.Name = hostName
+	la.MasterIndex = bridge.Attrs().Index
+	veth := &netlink.Veth{LinkAttrs: la, PeerName: peerName, PeerNamespace: netlink.NsPid(pid)}
+	if err := h.LinkAdd(veth); err != nil {
+		return "", fmt.Errorf("create veth for member: %w", err)
+	}
+	if err := writeSysctl(filepath.Join("/proc/sys/net/ipv6/conf", hostName, "disable_ipv6"), "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return hostName, fmt.Errorf("disable IPv6 on %s: %w", hostName, err)
+	}
+	host, err := h.LinkByName(hostName)
+	if err != nil {
+		return hostName, err
+	}
+	if err := h.LinkSetUp(host); err != nil {
+		return hostName, fmt.Errorf("bring up %s: %w", hostName, err)
+	}
+
+	ns, err := vnetns.GetFromPid(pid)
+	if err != nil {
+		return hostName, fmt.Errorf("open member namespace: %w", err)
+	}
+	defer ns.Close()
+	mh, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return hostName, fmt.Errorf("netlink in member namespace: %w", err)
+	}
+	defer mh.Close()
+	peer, err := mh.LinkByName(peerName)
+	if err != nil {
+		return hostName, err
+	}
+	if err := mh.LinkSetName(peer, "eth0"); err != nil {
+		return hostName, fmt.Errorf("rename member link: %w", err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: lease.Addr.AsSlice(), Mask: net.CIDRMask(nw.Subnet.Bits(), 32)}}
+	if err := mh.AddrAdd(peer, addr); err != nil {
+		return hostName, fmt.Errorf("member address %s: %w", lease.Addr, err)
+	}
+	lo, err := mh.LinkByName("lo")
+	if err == nil {
+		err = mh.LinkSetUp(lo)
+	}
+	if err != nil {
+		return hostName, fmt.Errorf("bring up member loopback: %w", err)
+	}
+	if err := mh.LinkSetUp(peer); err != nil {
+		return hostName, fmt.Errorf("bring up member link: %w", err)
+	}
+	route := &netlink.Route{LinkIndex: peer.Attrs().Index, Gw: nw.Gateway.AsSlice(), Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}
+	if err := mh.RouteAdd(route); err != nil {
+		return hostName, fmt.Errorf("member default route: %w", err)
+	}
+	return hostName, nil
+}
+
+func exitCode(ps *os.ProcessState, err error) (int, error) {
+	if ps == nil {
+		return 0, err
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), nil
+	}
+	return ps.ExitCode(), nil
+}
+
+func orStd(r io.Reader, def io.Reader) io.Reader {
+	if r == nil {
+		return def
+	}
+	return r
+}
+
+func orOut(w io.Writer, def io.Writer) io.Writer {
+	if w == nil {
+		return def
+	}
+	return w
+}
+
+// IsMemberInit reports whether this process was started by Run as a
+// member's init.
+func IsMemberInit() bool {
+	return len(os.Args) > 1 && os.Args[1] == InitArg && os.Getenv(initEnv) != ""
+}
+
+// MemberInit is the init process of a member's namespaces: it waits until
+// Run has wired the network, points /etc/resolv.conf at the gate, mounts a
+// /proc of its own, turns IPv6 off, drops every capability for good, runs the
+// command, reaps orphans, and exits with the command's status. It never
+// returns.
+func MemberInit() {
+	code, err := memberInit()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock run: %v\n", err)
+		if code == 0 {
+			code = 127
+		}
+	}
+	os.Exit(code)
+}
+
+func memberInit() (int, error) {
+	var cfg initConfig
+	if err := json.Unmarshal([]byte(os.Getenv(initEnv)), &cfg); err != nil {
+		return 0, fmt.Errorf("bad init config: %w", err)
+	}
+	os.Unsetenv(initEnv)
+	sync := os.NewFile(3, "sync")
+	var b [1]byte
+	if _, err := sync.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("member network was not set up")
+	}
+	sync.Close()
+
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return 0, fmt.Errorf("make mounts private: %w", err)
+	}
+	if _, err := os.Stat("/etc/resolv.conf"); err == nil {
+		if err := unix.Mount(cfg.Resolv, "/etc/resolv.conf", "", unix.MS_BIND, ""); err != nil {
+			return 0, fmt.Errorf("bind resolv.conf: %w", err)
+		}
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return 0, fmt.Errorf("mount /proc: %w", err)
+	}
+	for _, k := range []string{"all", "default", "eth0", "lo"} {
+		writeSysctl(filepath.Join("/proc/sys/net/ipv6/conf", k, "disable_ipv6"), "1")
+	}
+	// ICMP echo sockets for every group, so ping works without
+	// capabilities (between members; beyond the bridge ICMP is dropped).
+	writeSysctl("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")
+
+	// Look the command up the way its own environment would.
+	os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	for _, kv := range cfg.Env {
+		if p, ok := strings.CutPrefix(kv, "PATH="); ok {
+			os.Setenv("PATH", p)
+		}
+	}
+	path, err := exec.LookPath(cfg.Command[0])
+	if err != nil {
+		return 127, err
+	}
+	// Drop every capability from the bounding set and forbid gaining new
+	// privileges: even a command running as root can then neither leave
+	// its namespaces (setns needs CAP_SYS_ADMIN) nor reconfigure them.
+	for c := 0; c <= unix.CAP_LAST_CAP; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+			return 0, fmt.Errorf("drop capability %d: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return 0, fmt.Errorf("no_new_privs: %w", err)
+	}
+	cmd := exec.Command(path, cfg.Command[1:]...)
+	cmd.Args[0] = cfg.Command[0]
+	cmd.Env = cfg.Env
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	if cfg.UID != nil && cfg.GID != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: *cfg.UID, Gid: *cfg.GID, Groups: []uint32{}}
+	}
+	if err := cmd.Start(); err != nil {
+		return 126, err
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT)
+	go func() {
+		for s := range sigs {
+			cmd.Process.Signal(s)
+		}
+	}()
+	for {
+		var ws unix.WaitStatus
+		wpid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("wait: %w", err)
+		}
+		if wpid != cmd.Process.Pid {
+			continue // an orphan reparented to us
+		}
+		if ws.Signaled() {
+			return 128 + int(ws.Signal()), nil
+		}
+		return ws.ExitStatus(), nil
+	}
+}
