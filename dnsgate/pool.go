@@ -21,8 +21,8 @@ type Pool struct {
 
 	// mu guards the following fields.
 	mu     sync.Mutex
-	next   uint32                     // offset of the next never-used address
-	byName map[string]*list.Element   // name → element holding a *lease
+	next   uint32                   // offset of the next never-used address
+	byName map[string]*list.Element // name → element holding a *lease
 	byAddr map[netip.Addr]*list.Element
 	lru    *list.List // front: most recently used
 }
