@@ -190,7 +190,7 @@ func TestNothingElseLeaves(t *testing.T) {
 	run("bash", "-c", "echo quic > /dev/udp/"+testworld.WebAddr+"/443; echo hello > /dev/udp/"+testworld.WebAddr+"/9999; echo notdns > /dev/udp/"+testworld.UDP53Addr+"/53; sleep 0.5")
 	// TCP to internet hosts, to the private service and to the metadata
 	// service: the proxy does not carry traffic yet, so each is refused.
-	for _, u := range []string{"http://allowed.test/", "http://" + testworld.WebAddr + "/", "http://" + testworld.Private + "/", "http://" + testworld.Metadata + "/latest/meta-data/"} {
+	for _, u := range []string{"http://allowed.test/", "https://allowed.test/", "http://" + testworld.WebAddr + "/", "https://" + testworld.WebAddr + "/", "http://" + testworld.Private + "/", "http://" + testworld.Metadata + "/latest/meta-data/"} {
 		if r := run("curl", "-sS", "-m", "5", u); r.Code == 0 {
 			t.Errorf("curl %s succeeded from a sandbox: %s", u, r.Stdout)
 		}

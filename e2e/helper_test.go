@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -38,6 +39,30 @@ func TestMemberHelper(t *testing.T) {
 		} else {
 			fmt.Println("dial ok")
 		}
+	case "storm":
+		// Malformed and random datagrams to each address given.
+		r := rand.New(rand.NewPCG(9, 9))
+		n := 0
+		for _, addr := range args[1:] {
+			c, err := net.Dial("udp4", addr)
+			if err != nil {
+				fmt.Println("dial failed:", err)
+				os.Exit(1)
+			}
+			for i := 0; i < 3000; i++ {
+				b := make([]byte, r.IntN(512))
+				for j := range b {
+					b[j] = byte(r.UintN(256))
+				}
+				if i%2 == 0 && len(b) > 12 {
+					b[2], b[3], b[4], b[5] = 0x01, 0x00, 0x00, 0x01 // looks like a query
+				}
+				c.Write(b)
+				n++
+			}
+			c.Close()
+		}
+		fmt.Println("sent", n)
 	case "listen":
 		secs, _ := strconv.Atoi(args[2])
 		ln, err := net.Listen("tcp4", args[1])

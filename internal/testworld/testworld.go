@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -48,6 +49,9 @@ type World struct {
 	Host string // host namespace name (airlockd runs here)
 	Inet string // internet namespace name
 	Dir  string // scratch directory
+	// CAFile holds the test CA that signed the internet's HTTPS server
+	// (names allowed.test and other.test); point upstream_ca_file at it.
+	CAFile string
 
 	DNS *dnsgatetest.Server
 
@@ -93,9 +97,10 @@ func New(t *testing.T) *World {
 		if _, err := w.DNS.Start(DNSAddr + ":53"); err != nil {
 			t.Errorf("internet DNS: %v", err)
 		}
-		for _, a := range []string{WebAddr + ":80", WebAddr + ":443", Private + ":80", Metadata + ":80"} {
+		for _, a := range []string{WebAddr + ":80", Private + ":80", Metadata + ":80"} {
 			w.tcpLogger(a)
 		}
+		w.tlsServer(WebAddr + ":443")
 		for _, a := range []string{WebAddr + ":443", WebAddr + ":9999", UDP53Addr + ":53"} {
 			w.udpLogger(a)
 		}
@@ -180,6 +185,47 @@ func (w *World) tcpLogger(addr string) {
 			w.record(fmt.Sprintf("tcp %s ← %s", addr, c.RemoteAddr()))
 			c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\ninternet"))
 			c.Close()
+		}
+	}()
+}
+
+// tlsServer serves HTTPS with a certificate from a fresh test CA (ECDSA
+// P-256) for allowed.test, other.test and WebAddr, logging each handshake's
+// SNI, and writes the CA to w.CAFile.
+func (w *World) tlsServer(addr string) {
+	ca, leaf, err := testCerts([]string{"allowed.test", "other.test"}, []net.IP{net.ParseIP(WebAddr)})
+	if err != nil {
+		w.t.Errorf("test certificates: %v", err)
+		return
+	}
+	w.CAFile = filepath.Join(w.Dir, "upstream-ca.pem")
+	if err := os.WriteFile(w.CAFile, ca, 0o644); err != nil {
+		w.t.Errorf("write CA: %v", err)
+		return
+	}
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		w.t.Errorf("https server %s: %v", addr, err)
+		return
+	}
+	w.t.Cleanup(func() { ln.Close() })
+	cfg := &tls.Config{Certificates: []tls.Certificate{leaf}, MinVersion: tls.VersionTLS12}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				tc := tls.Server(c, cfg)
+				tc.SetDeadline(time.Now().Add(5 * time.Second))
+				err := tc.Handshake()
+				w.record(fmt.Sprintf("tls %s ← %s (sni %q, handshake error %v)", addr, c.RemoteAddr(), tc.ConnectionState().ServerName, err))
+				if err == nil {
+					tc.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\ninternet"))
+				}
+			}()
 		}
 	}()
 }
@@ -325,14 +371,20 @@ type Result struct {
 	Code           int
 }
 
+// Command returns the `airlock run` command that runs argv as a member of
+// sandbox, not yet started.
+func (w *World) Command(ctx context.Context, cfg, sandbox, source string, argv ...string) *exec.Cmd {
+	bin := Binaries(w.t)
+	args := append([]string{"netns", "exec", w.Host, filepath.Join(bin, "airlock"), "run", "--config", cfg, "--sandbox", sandbox, "--source", source, "--"}, argv...)
+	return exec.CommandContext(ctx, "ip", args...)
+}
+
 // Run runs argv as a member of sandbox with `airlock run`, with a timeout.
 func (w *World) Run(cfg, sandbox, source string, timeout time.Duration, argv ...string) Result {
 	w.t.Helper()
-	bin := Binaries(w.t)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	args := append([]string{"netns", "exec", w.Host, filepath.Join(bin, "airlock"), "run", "--config", cfg, "--sandbox", sandbox, "--source", source, "--"}, argv...)
-	cmd := exec.CommandContext(ctx, "ip", args...)
+	cmd := w.Command(ctx, cfg, sandbox, source, argv...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
