@@ -38,3 +38,4 @@ cpu=$(grep -m1 '^cpu:' "$out" | cut -d' ' -f2- || true)
 		}' "$out"
 } > BENCHMARKS.md
 echo "bench: wrote BENCHMARKS.md"
+scripts/bench-dns.sh

@@ -1,0 +1,80 @@
+// Command gatebench runs a DNS gate on loopback for `make bench`: unknown
+// names under bench.test get fake IPs, denied.test is denied, names under
+// fwd.test are allowed and forwarded to a fake upstream it also runs (TXT
+// records t0..t999.fwd.test). The exfiltration guard's cap is lifted so the
+// forwarded set does not trip it. It runs until SIGINT or SIGTERM.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/airlockhq/airlock/dnsgate"
+	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
+	"github.com/airlockhq/airlock/policy"
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:5301", "gate address")
+	upstream := flag.String("upstream", "127.0.0.1:5300", "fake upstream address (also used by the peers)")
+	noGate := flag.Bool("upstream-only", false, "run only the fake upstream")
+	flag.Parse()
+
+	up := &dnsgatetest.Server{TXT: map[string]string{}}
+	for i := 0; i < 1000; i++ {
+		up.TXT[fmt.Sprintf("t%d.fwd.test", i)] = "v=bench"
+	}
+	if _, err := up.Start(*upstream); err != nil {
+		fail(err)
+	}
+	if !*noGate {
+		rules := []*policy.Rule{
+			policy.NewRule(policy.Allowlist, policy.User, policy.MustParse("*.fwd.test"), "", "bench", time.Time{}),
+			policy.NewRule(policy.Denylist, policy.User, policy.MustParse("denied.test"), "", "bench", time.Time{}),
+		}
+		pool, err := dnsgate.NewPool(dnsgate.DefaultPool)
+		if err != nil {
+			fail(err)
+		}
+		u, err := dnsgate.NewUpstream([]string{*upstream}, 0)
+		if err != nil {
+			fail(err)
+		}
+		guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{MaxSubdomains: 1 << 30}, nil)
+		if err != nil {
+			fail(err)
+		}
+		g, err := dnsgate.New(dnsgate.Config{
+			Sandbox:  "bench",
+			Listen:   netip.MustParseAddrPort(*listen),
+			Policy:   policy.NewRuleset(policy.ActionAsk, rules),
+			Pool:     pool,
+			Upstream: u,
+			Guard:    guard,
+			Logger:   slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			fail(err)
+		}
+		if err := g.Start(); err != nil {
+			fail(err)
+		}
+		defer g.Close()
+	}
+	fmt.Println("ready")
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGINT, syscall.SIGTERM)
+	<-c
+	up.Close()
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "gatebench:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# DNS part of `make bench`: airlock's gate against unbound (2 threads) and
+# dnsmasq, on loopback, the same three query sets each, servers pinned to
+# CPU 0 and dnsperf to CPU 1. Appends a section to BENCHMARKS.md.
+#   fake    A queries for 10,000 names: the gate answers from its fake-IP
+#           pool; the peers answer from a local zone (redirect / address=).
+#   denied  A queries for a denied name: NXDOMAIN from each.
+#   txt     TXT queries for 1,000,000 distinct allowed names, forwarded to
+#           the same fake upstream by each (no name repeats, so no cache helps).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+SECS=${DNS_BENCH_SECS:-8}
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+need=()
+for b in dnsperf:dnsperf unbound:unbound dnsmasq:dnsmasq-base taskset:util-linux; do
+	command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	echo "bench-dns: installing ${need[*]}"
+	# Keep the packages' services from starting (and binding port 53).
+	printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	rm -f /usr/sbin/policy-rc.d
+fi
+
+$GO build -o "$work/gatebench" ./internal/benchtools/gatebench
+UP=127.0.0.1:5300 GATE=5301 UNB=5302 DMQ=5303
+
+for i in $(seq 0 9999); do echo "h$i.bench.test A"; done > "$work/fake.txt"
+echo "denied.test A" > "$work/denied.txt"
+# Unique names, never repeated within a run, so no cache can answer.
+seq 0 999999 | sed 's/.*/t&.fwd.test TXT/' > "$work/txt.txt"
+
+taskset -c 0 "$work/gatebench" -listen 127.0.0.1:$GATE -upstream $UP > "$work/gate.log" 2>&1 &
+pids+=($!)
+cat > "$work/unbound.conf" <<CONF
+server:
+  interface: 127.0.0.1
+  port: $UNB
+  num-threads: 2
+  so-reuseport: yes
+  do-ip6: no
+  access-control: 127.0.0.0/8 allow
+  username: ""
+  chroot: ""
+  directory: "$work"
+  pidfile: ""
+  use-syslog: no
+  logfile: ""
+  verbosity: 0
+  do-daemonize: no
+  module-config: "iterator"
+  do-not-query-localhost: no
+  cache-max-ttl: 0
+  cache-max-negative-ttl: 0
+  prefetch: no
+  # .test is one of unbound's built-in special-use zones (NXDOMAIN without
+  # forwarding); switch that off so it forwards like the others.
+  local-zone: "test." nodefault
+  local-zone: "bench.test." redirect
+  local-data: "bench.test. 5 IN A 198.18.0.1"
+  local-zone: "denied.test." always_nxdomain
+forward-zone:
+  name: "fwd.test."
+  forward-addr: 127.0.0.1@5300
+CONF
+taskset -c 0 unbound -d -c "$work/unbound.conf" > "$work/unbound.log" 2>&1 &
+pids+=($!)
+taskset -c 0 dnsmasq -k --no-resolv --no-hosts --port=$DMQ --listen-address=127.0.0.1 --bind-interfaces \
+	--address=/bench.test/198.18.0.1 --address=/denied.test/ --server=/fwd.test/127.0.0.1#5300 \
+	--cache-size=0 --user=root --pid-file= > "$work/dnsmasq.log" 2>&1 &
+pids+=($!)
+sleep 1.5
+# Every server must give the same answers before its speed means anything.
+for p in $GATE $UNB $DMQ; do
+	a=$(dig +tries=3 +time=1 -p $p @127.0.0.1 A h1.bench.test)
+	n=$(dig +tries=3 +time=1 -p $p @127.0.0.1 A denied.test)
+	x=$(dig +tries=3 +time=1 -p $p @127.0.0.1 TXT t5.fwd.test)
+	if ! grep -q 'IN	A	198.18.' <<<"$a" || ! grep -q 'status: NXDOMAIN' <<<"$n" || ! grep -q '"v=bench"' <<<"$x"; then
+		echo "bench-dns: server on port $p answers wrongly:"; echo "$a" "$n" "$x" | grep -E 'status|IN'; cat "$work"/*.log; exit 1
+	fi
+done
+
+# qps SERVERPORT FILE: queries per second over SECS seconds.
+qps() { taskset -c 1 dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l "$SECS" -q 100 2>&1 | awk '/Queries per second/ {printf "%d", $4}'; }
+# p99 SERVERPORT FILE: 99th percentile latency in ms, from dnsperf -v.
+p99() {
+	taskset -c 1 dnsperf -s 127.0.0.1 -p "$1" -d "$2" -l 3 -q 100 -v 2>/dev/null |
+		awk '/^> / {print $NF}' | sort -g | awk '{a[NR]=$1} END {if (NR) printf "%.2f", a[int(NR*0.99)]*1000; else print "-"}'
+}
+
+rows=()
+for set in fake denied txt; do
+	echo "bench-dns: $set"
+	g=$(qps $GATE "$work/$set.txt"); u=$(qps $UNB "$work/$set.txt"); d=$(qps $DMQ "$work/$set.txt")
+	gp=$(p99 $GATE "$work/$set.txt"); up=$(p99 $UNB "$work/$set.txt"); dp=$(p99 $DMQ "$work/$set.txt")
+	rows+=("$(awk -v s="$set" -v g="$g" -v u="$u" -v d="$d" -v gp="$gp" -v up="$up" -v dp="$dp" 'BEGIN {
+		printf "| %s | %d | %d | %d | %.2fx | %.2fx | %s / %s / %s |", s, g, u, d, (u ? g/u : 0), (d ? g/d : 0), gp, up, dp }')")
+done
+
+{
+	echo
+	echo "## DNS gate (\`scripts/bench-dns.sh\`, dnsperf 2.10, ${SECS} s per run, 100 queries outstanding)"
+	echo
+	echo "Servers on CPU 0 (unbound with 2 threads still shares that core), dnsperf on CPU 1, all on loopback."
+	echo "fake: A for 10,000 names (gate: fake-IP pool; peers: a local zone). denied: NXDOMAIN for a denied name."
+	echo "txt: TXT for 1,000,000 distinct allowed names, forwarded by each to one fake upstream (a Go server, which bounds this row)."
+	echo "Goal: ≥ 1.0x unbound and dnsmasq."
+	echo
+	echo "| query set | gate q/s | unbound q/s | dnsmasq q/s | gate/unbound | gate/dnsmasq | p99 ms gate / unbound / dnsmasq |"
+	echo "|---|---:|---:|---:|---:|---:|---|"
+	printf '%s\n' "${rows[@]}"
+} >> BENCHMARKS.md
+printf '%s\n' "${rows[@]}"
