@@ -210,8 +210,8 @@ func TestNothingElseLeaves(t *testing.T) {
 	}
 }
 
-func TestNoIPv6(t *testing.T) {
-	w, cfg, _ := setup(t)
+func TestNoIPv6NoSpoofing(t *testing.T) {
+	w, cfg, d := setup(t)
 	r := w.Run(cfg, sbA, "agent", 20*time.Second, "sh", "-c", "ip -6 route; ip -6 addr")
 	if strings.TrimSpace(r.Stdout) != "" {
 		t.Errorf("member has IPv6 routes or addresses:\n%s", r.Stdout)
@@ -238,26 +238,51 @@ func TestNoIPv6(t *testing.T) {
 			t.Fatalf("%v: %s", s, out)
 		}
 	}
-	before := ipv6Drops(t, w)
+	before := dropCount(t, w, "nfproto ipv6")
+	spoofBefore := dropCount(t, w, "saddr != 10.88.0.0/24")
 	sh("ip", "netns", "exec", rogue, "bash", "-c", "for i in 1 2 3; do echo v6 > /dev/udp/2001:db8:113::10/443; done; true")
 	// Also to the bridge's all-nodes group.
 	sh("ip", "netns", "exec", rogue, "bash", "-c", "echo v6 > /dev/udp/ff02::1%altrg1/9999; true")
+	// Spoofed IPv4 sources: one outside every sandbox, one of sandbox B,
+	// sent from the rogue member on sandbox A's bridge, as a DNS query to
+	// the gate and a TCP SYN to the internet.
+	for _, s := range [][]string{
+		{"ip", "-n", rogue, "addr", "add", "10.77.0.5/32", "dev", "altrg1"},
+		{"ip", "-n", rogue, "addr", "add", "10.88.1.77/32", "dev", "altrg1"},
+		{"ip", "-n", rogue, "route", "add", "10.88.0.0/24", "dev", "altrg1", "src", "10.77.0.5"},
+		{"ip", "-n", rogue, "route", "add", testworld.WebAddr + "/32", "dev", "altrg1", "src", "10.88.1.77"},
+		{"ip", "-n", rogue, "neigh", "add", testworld.WebAddr, "lladdr", "02:00:00:00:00:01", "dev", "altrg1"},
+	} {
+		if out, err := sh(s...); err != nil {
+			t.Fatalf("%v: %s", s, out)
+		}
+	}
+	sh("ip", "netns", "exec", rogue, "dig", "+tries=1", "+time=1", "@10.88.0.1", "spoofed.test")
+	sh("ip", "netns", "exec", rogue, "curl", "-s", "-m", "2", "http://"+testworld.WebAddr+"/")
 	time.Sleep(300 * time.Millisecond)
-	if after := ipv6Drops(t, w); after <= before {
+	if after := dropCount(t, w, "nfproto ipv6"); after <= before {
 		t.Errorf("IPv6 drop counter %d → %d: the forced packets were not seen and dropped", before, after)
+	}
+	if after := dropCount(t, w, "saddr != 10.88.0.0/24"); after < spoofBefore+2 {
+		t.Errorf("spoofed-source drop counter %d → %d: want the DNS query and the SYN dropped", spoofBefore, after)
+	}
+	if strings.Contains(d.Log.String(), "spoofed.test") {
+		t.Error("a query from a spoofed source reached the gate")
 	}
 	for _, l := range w.Reached() {
 		t.Errorf("reached the internet: %s", l)
 	}
 }
 
-func ipv6Drops(t *testing.T, w *testworld.World) int {
+// dropCount returns the packet counter of the rule in sandbox A's
+// prerouting chain whose text contains match.
+func dropCount(t *testing.T, w *testworld.World, match string) int {
 	out, err := w.HostExec("nft", "list", "chain", "inet", "airlock", "pre-al-"+sbA)
 	if err != nil {
 		t.Fatalf("nft list: %v %s", err, out)
 	}
 	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, "nfproto ipv6") {
+		if strings.Contains(l, match) {
 			var pk int
 			if i := strings.Index(l, "packets "); i >= 0 {
 				fmt.Sscanf(l[i:], "packets %d", &pk)
@@ -265,7 +290,7 @@ func ipv6Drops(t *testing.T, w *testworld.World) int {
 			return pk
 		}
 	}
-	t.Fatalf("no IPv6 drop rule in:\n%s", out)
+	t.Fatalf("no rule matching %q in:\n%s", match, out)
 	return 0
 }
 
