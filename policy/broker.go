@@ -1,0 +1,354 @@
+package policy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Resolution is the action a person takes on a pending approval.
+type Resolution uint8
+
+const (
+	// ResolveDeny refuses the held traffic; with Persist (and a pattern) it
+	// also adds a deny rule to the policy file.
+	ResolveDeny Resolution = iota + 1
+	// ResolveAllowOnce lets the held traffic through and adds no rule.
+	ResolveAllowOnce
+	// ResolveAllowPattern adds an allow rule (session, or in the policy
+	// file with Persist) and releases every held request it matches.
+	ResolveAllowPattern
+)
+
+func (r Resolution) String() string {
+	switch r {
+	case ResolveDeny:
+		return "deny"
+	case ResolveAllowOnce:
+		return "allow_once"
+	case ResolveAllowPattern:
+		return "allow_pattern"
+	}
+	return "Resolution(" + strconv.Itoa(int(r)) + ")"
+}
+
+// ParseResolution reads "deny", "allow_once" or "allow_pattern".
+func ParseResolution(s string) (Resolution, error) {
+	switch s {
+	case "deny":
+		return ResolveDeny, nil
+	case "allow_once":
+		return ResolveAllowOnce, nil
+	case "allow_pattern":
+		return ResolveAllowPattern, nil
+	}
+	return 0, fmt.Errorf("unknown action %q: want deny, allow_once or allow_pattern", s)
+}
+
+// Choice is what a person decided about a pending approval.
+type Choice struct {
+	Action Resolution
+	// Pattern is required for ResolveAllowPattern and optional for a
+	// persisted ResolveDeny (default: the exact host).
+	Pattern string
+	Persist bool
+	// Force accepts a broad allow pattern.
+	Force bool
+}
+
+// AskRequest describes held traffic.
+type AskRequest struct {
+	Source string
+	Host   string // normalised name or IP
+	Port   uint16
+	Method string // when the request is known (intercepted HTTP)
+	URL    string // full URL when known, else host:port
+}
+
+// Pending is an approval waiting for a person.
+type Pending struct {
+	ID          string
+	Source      string // the member that asked first
+	Sources     []string
+	Host        string
+	Port        uint16
+	Method      string
+	URL         string
+	Created     time.Time
+	Deadline    time.Time
+	Suggestions []Suggestion
+	Waiting     int // held connections or requests sharing this approval
+}
+
+// Outcome is what a held request learns.
+type Outcome struct {
+	Allowed bool
+	// Rule is the rule that an allow_pattern or persisted deny added.
+	Rule   *Rule
+	Reason string // "approved once", "denied by a person", "no decision within 30s", …
+}
+
+// BrokerEvent reports an approval opened or decided.
+type BrokerEvent struct {
+	Kind    string // "opened" or "decided"
+	Pending Pending
+	Action  string // for "decided": deny, allow_once, allow_pattern or timeout
+	Rule    *Rule
+}
+
+// BrokerConfig configures a Broker.
+type BrokerConfig struct {
+	// Sandbox whose rules allow_pattern and persisted deny edit. Required.
+	Sandbox *Sandbox
+	// Timeout is how long a pending approval waits; 0 means the sandbox's
+	// approval_timeout at the time of asking.
+	Timeout time.Duration
+	// OnEvent receives approvals opened and decided; nil means none. It
+	// must not block.
+	OnEvent func(BrokerEvent)
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Broker holds traffic no rule decides until a person does. Requests to
+// the same host and port share one pending approval. It is safe for
+// concurrent use.
+type Broker struct {
+	cfg BrokerConfig
+
+	// mu guards pending.
+	mu      sync.Mutex
+	pending map[string]*pendingState // by ID
+}
+
+type pendingState struct {
+	Pending
+	key  string
+	done chan struct{} // closed when decided
+	out  Outcome
+}
+
+// NewBroker returns a broker for a sandbox.
+func NewBroker(cfg BrokerConfig) (*Broker, error) {
+	if cfg.Sandbox == nil {
+		return nil, errors.New("broker: no sandbox")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Broker{cfg: cfg, pending: make(map[string]*pendingState)}, nil
+}
+
+// ErrNoPending is wrapped by Decide's error for an unknown or already
+// decided approval.
+var ErrNoPending = errors.New("no such pending approval")
+
+// Ask holds the caller until a person decides, the approval times out
+// (denied), or ctx ends (denied, without deciding for others waiting).
+func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
+	ps := b.join(req)
+	timer := time.NewTimer(ps.Deadline.Sub(b.cfg.Now()))
+	defer timer.Stop()
+	select {
+	case <-ps.done:
+		return ps.out
+	case <-timer.C:
+		b.resolve(ps, Outcome{Reason: fmt.Sprintf("no decision within %s", ps.Deadline.Sub(ps.Created).Round(time.Second))}, "timeout", nil)
+		<-ps.done
+		return ps.out
+	case <-ctx.Done():
+		b.leave(ps)
+		return Outcome{Reason: "the client went away while waiting"}
+	}
+}
+
+func pendingKey(host string, port uint16) string {
+	return host + ":" + strconv.Itoa(int(port))
+}
+
+func (b *Broker) join(req AskRequest) *pendingState {
+	key := pendingKey(req.Host, req.Port)
+	b.mu.Lock()
+	for _, ps := range b.pending {
+		if ps.key == key {
+			ps.Waiting++
+			if req.Source != "" && !slices.Contains(ps.Sources, req.Source) {
+				ps.Sources = append(ps.Sources, req.Source)
+			}
+			b.mu.Unlock()
+			return ps
+		}
+	}
+	now := b.cfg.Now()
+	timeout := b.cfg.Timeout
+	if timeout == 0 {
+		timeout = b.cfg.Sandbox.Spec().ApprovalTimeout
+	}
+	id := make([]byte, 8)
+	rand.Read(id)
+	sugg, _ := Suggest(req.Host)
+	url := req.URL
+	if url == "" {
+		url = key
+	}
+	ps := &pendingState{
+		Pending: Pending{
+			ID: hex.EncodeToString(id), Source: req.Source, Host: req.Host, Port: req.Port,
+			Method: req.Method, URL: url, Created: now, Deadline: now.Add(timeout),
+			Suggestions: sugg, Waiting: 1,
+		},
+		key:  key,
+		done: make(chan struct{}),
+	}
+	if req.Source != "" {
+		ps.Sources = []string{req.Source}
+	}
+	b.pending[ps.ID] = ps
+	snapshot := ps.Pending
+	b.mu.Unlock()
+	b.emit(BrokerEvent{Kind: "opened", Pending: snapshot})
+	return ps
+}
+
+func (b *Broker) leave(ps *pendingState) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.pending[ps.ID]; ok {
+		ps.Waiting--
+		if ps.Waiting == 0 {
+			// Nobody is held any more: the question is moot.
+			delete(b.pending, ps.ID)
+			close(ps.done)
+		}
+	}
+}
+
+// resolve ends a pending approval for all its waiters; it is a no-op when
+// the approval was already decided.
+func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rule) bool {
+	b.mu.Lock()
+	if _, ok := b.pending[ps.ID]; !ok {
+		b.mu.Unlock()
+		return false
+	}
+	delete(b.pending, ps.ID)
+	ps.out = out
+	close(ps.done)
+	snapshot := ps.Pending
+	b.mu.Unlock()
+	b.emit(BrokerEvent{Kind: "decided", Pending: snapshot, Action: action, Rule: rule})
+	return true
+}
+
+// List returns the pending approvals, oldest first.
+func (b *Broker) List() []Pending {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]Pending, 0, len(b.pending))
+	for _, ps := range b.pending {
+		p := ps.Pending
+		p.Sources = slices.Clone(p.Sources)
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b Pending) int { return a.Created.Compare(b.Created) })
+	return out
+}
+
+// Get returns one pending approval.
+func (b *Broker) Get(id string) (Pending, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ps, ok := b.pending[id]
+	if !ok {
+		return Pending{}, false
+	}
+	p := ps.Pending
+	p.Sources = slices.Clone(p.Sources)
+	return p, true
+}
+
+// Decide applies a person's choice to a pending approval. An allow_pattern
+// rule is added before anything is released, and releases every other
+// pending approval it now allows. A bad pattern is an error and decides
+// nothing.
+func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
+	b.mu.Lock()
+	ps, ok := b.pending[id]
+	b.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
+	}
+	switch c.Action {
+	case ResolveDeny:
+		var rule *Rule
+		if c.Persist {
+			pattern := c.Pattern
+			if pattern == "" {
+				pattern = ps.Host
+				if isIPLiteral(ps.Host) {
+					pattern = "cidr:" + ps.Host + "/32"
+				}
+			}
+			r, err := b.cfg.Sandbox.Add(AddRequest{Pattern: pattern, List: Denylist, Persist: true, Source: "denied during run"})
+			if err != nil {
+				return nil, err
+			}
+			rule = r
+		}
+		if !b.resolve(ps, Outcome{Reason: "denied by a person", Rule: rule}, "deny", rule) {
+			return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
+		}
+		return rule, nil
+	case ResolveAllowOnce:
+		if !b.resolve(ps, Outcome{Allowed: true, Reason: "approved once"}, "allow_once", nil) {
+			return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
+		}
+		return nil, nil
+	case ResolveAllowPattern:
+		if c.Pattern == "" {
+			return nil, errors.New("allow_pattern needs a pattern")
+		}
+		source := "approved during run"
+		r, err := b.cfg.Sandbox.Add(AddRequest{Pattern: c.Pattern, List: Allowlist, Persist: c.Persist, Force: c.Force, Source: source})
+		if err != nil {
+			return nil, err
+		}
+		b.releaseAllowed()
+		// The chosen pattern may not cover the asking host (a person may
+		// pick any pattern); this approval is still answered yes once.
+		b.resolve(ps, Outcome{Allowed: true, Rule: r, Reason: "approved by pattern " + r.Pattern.String()}, "allow_pattern", r)
+		return r, nil
+	}
+	return nil, fmt.Errorf("decide %s: unknown action %v", id, c.Action)
+}
+
+// releaseAllowed lets through every pending approval the sandbox's rules
+// now allow.
+func (b *Broker) releaseAllowed() {
+	b.mu.Lock()
+	var allowed []*pendingState
+	var rules []*Rule
+	for _, ps := range b.pending {
+		d := b.cfg.Sandbox.Decide(Query{Source: ps.Source, Host: ps.Host, Port: ps.Port})
+		if d.Verdict == Allow && d.Rule != nil {
+			allowed = append(allowed, ps)
+			rules = append(rules, d.Rule)
+		}
+	}
+	b.mu.Unlock()
+	for i, ps := range allowed {
+		b.resolve(ps, Outcome{Allowed: true, Rule: rules[i], Reason: "allowed by " + rules[i].Pattern.String()}, "allow_pattern", rules[i])
+	}
+}
+
+func (b *Broker) emit(e BrokerEvent) {
+	if b.cfg.OnEvent != nil {
+		b.cfg.OnEvent(e)
+	}
+}
