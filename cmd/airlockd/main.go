@@ -21,6 +21,7 @@ import (
 
 	"github.com/airlockhq/airlock/dnsgate"
 	"github.com/airlockhq/airlock/internal/config"
+	"github.com/airlockhq/airlock/internal/ring"
 	"github.com/airlockhq/airlock/netns"
 	"github.com/airlockhq/airlock/policy"
 	"github.com/airlockhq/airlock/tproxy"
@@ -99,8 +100,32 @@ func loadConfig(path string, explicit bool) (*config.Config, error) {
 }
 
 type daemon struct {
-	log     *slog.Logger
-	closers []func() error
+	log       *slog.Logger
+	closers   []func() error
+	sandboxes []*sandbox
+}
+
+// sandbox is what the daemon keeps of a running sandbox for the API.
+type sandbox struct {
+	name    string
+	policy  *policy.Sandbox
+	broker  *policy.Broker
+	records *ring.Ring[tproxy.Record]
+}
+
+// recordsPerSandbox bounds the connection records kept in memory.
+const recordsPerSandbox = 10000
+
+// guardedResolver resolves names for the proxy through the sandbox's
+// exfiltration guard, so that connecting to made-up names under an allowed
+// wildcard carries no more out than asking the gate for them would.
+func guardedResolver(g *dnsgate.Guard, up *dnsgate.Upstream) tproxy.Resolver {
+	return func(ctx context.Context, name string) ([]netip.Addr, error) {
+		if trip, ok := g.Check(name); !ok {
+			return nil, fmt.Errorf("exfiltration guard: %s", trip.Reason)
+		}
+		return up.LookupA(ctx, name)
+	}
 }
 
 func (d *daemon) close() {
@@ -194,12 +219,34 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 			return d, err
 		}
 		d.closers = append(d.closers, gate.Close)
-		ref, err := tproxy.NewRefuser(sb.Name, netip.AddrPortFrom(n.Gateway, cfg.ProxyPort), log)
+		broker, err := policy.NewBroker(policy.BrokerConfig{Sandbox: pol, OnEvent: func(e policy.BrokerEvent) {
+			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
+				"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting)
+		}})
 		if err != nil {
 			return d, err
 		}
-		go ref.Run(ctx)
-		d.closers = append(d.closers, ref.Close)
+		records := ring.New[tproxy.Record](recordsPerSandbox)
+		proxy, err := tproxy.New(tproxy.Config{
+			Sandbox:     sb.Name,
+			Listen:      netip.AddrPortFrom(n.Gateway, cfg.ProxyPort),
+			Policy:      pol,
+			Approvals:   broker,
+			Names:       pool,
+			Resolve:     guardedResolver(guard, upstream),
+			Members:     func(a netip.Addr) string { return netns.LeaseSource(leases, a) },
+			OnRecord:    records.Add,
+			Logger:      log,
+			ApprovalURL: "http://" + cfg.APIListen + "/",
+		})
+		if err != nil {
+			return d, err
+		}
+		if err := proxy.Start(); err != nil {
+			return d, err
+		}
+		d.closers = append(d.closers, proxy.Close)
+		d.sandboxes = append(d.sandboxes, &sandbox{name: sb.Name, policy: pol, broker: broker, records: records})
 		log.Info("sandbox ready", "sandbox", sb.Name, "bridge", n.Bridge, "subnet", n.Subnet.String(),
 			"gate", n.Gateway.String()+":53", "policy", sb.Policy, "rules", len(pol.Rules()))
 	}

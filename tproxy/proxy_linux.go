@@ -1,0 +1,671 @@
+package tproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/policy"
+)
+
+// Decider is the policy the proxy asks about each connection.
+type Decider interface {
+	Decide(q policy.Query) policy.Decision
+}
+
+// Asker holds a connection until a person decides (policy.Broker).
+type Asker interface {
+	// Ask blocks until a decision or the approval's timeout; ctx ends it
+	// early as denied.
+	Ask(ctx context.Context, req policy.AskRequest) policy.Outcome
+}
+
+// Names maps fake-pool addresses back to the names the gate gave them out
+// for (dnsgate.Pool).
+type Names interface {
+	Contains(a netip.Addr) bool
+	Name(a netip.Addr) (string, bool)
+}
+
+// Resolver looks a name's IPv4 addresses up upstream. The proxy only asks
+// about names policy allowed.
+type Resolver func(ctx context.Context, name string) ([]netip.Addr, error)
+
+// Config configures a Proxy. Durations are wall-clock; zero takes the
+// default named on each field.
+type Config struct {
+	// Sandbox names the sandbox, for records and 403 pages. Required.
+	Sandbox string
+	// Listen is the gateway address and proxy port. Required.
+	Listen netip.AddrPort
+	// Policy decides connections. Required.
+	Policy Decider
+	// Approvals holds connections policy answers "ask" for; nil denies them.
+	Approvals Asker
+	// Names maps fake IPs to names. Required.
+	Names Names
+	// Resolve resolves approved names upstream. Required.
+	Resolve Resolver
+	// Members names the member behind a source address; nil, or "", means
+	// the address itself.
+	Members func(netip.Addr) string
+	// OnRecord receives one record per connection when it ends; it must
+	// not block.
+	OnRecord func(Record)
+	// Logger gets one line per connection; nil means slog.Default().
+	Logger *slog.Logger
+	// ApprovalURL is where a person approves, shown in 403 pages.
+	ApprovalURL string
+	// PeekTimeout bounds the wait for the bytes that name a connection to
+	// a raw IP; a client that sends nothing is closed after it. Default 10 s.
+	PeekTimeout time.Duration
+	// SniffTimeout is how long a connection already named by its fake IP
+	// is given to start talking before it is taken for a protocol where
+	// the server speaks first (SSH, SMTP). Default 300 ms.
+	SniffTimeout time.Duration
+	// ConnectTimeout bounds each upstream dial. Default 10 s.
+	ConnectTimeout time.Duration
+	// IdleTimeout closes a spliced connection with no data either way for
+	// this long. Default 10 minutes.
+	IdleTimeout time.Duration
+	// DrainTimeout is how long Close lets open connections finish. Default
+	// 5 s.
+	DrainTimeout time.Duration
+	// OrigDst finds a connection's original destination; nil means
+	// OriginalDst (SO_ORIGINAL_DST). Tests replace it.
+	OrigDst func(*net.TCPConn) (netip.AddrPort, error)
+}
+
+// Record describes one connection, written when it ends.
+type Record struct {
+	ID       uint64
+	Time     time.Time
+	Sandbox  string
+	Source   string // member label, or its address
+	Host     string // the name decided on, or the raw IP
+	Port     uint16
+	Dest     string // the address the client connected to (fake or real)
+	Fake     bool   // Dest is in the fake-IP pool
+	Upstream string // the address dialled, if any
+	Verdict  string // "allow" or "deny"
+	Rule     string // the pattern that decided, if any
+	Reason   string
+	Up, Down int64 // bytes client → upstream, upstream → client
+	Duration time.Duration
+	Close    string // how it ended
+	LLM      bool   // the host is a known LLM API
+}
+
+// Proxy is a sandbox's transparent proxy.
+type Proxy struct {
+	cfg   Config
+	log   *slog.Logger
+	ln    net.Listener
+	ids   atomic.Uint64
+	wg    sync.WaitGroup
+	close sync.Once
+	ctx   context.Context
+	stop  context.CancelFunc
+
+	// mu guards conns.
+	mu    sync.Mutex
+	conns map[*net.TCPConn]*tracked
+}
+
+type tracked struct {
+	up *net.TCPConn // nil until dialled
+}
+
+// New checks cfg and returns a proxy; Start binds it.
+func New(cfg Config) (*Proxy, error) {
+	switch {
+	case cfg.Sandbox == "":
+		return nil, errors.New("proxy: no sandbox name")
+	case !cfg.Listen.IsValid():
+		return nil, errors.New("proxy: no listen address")
+	case cfg.Policy == nil, cfg.Names == nil, cfg.Resolve == nil:
+		return nil, errors.New("proxy: policy, names and resolver are required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.PeekTimeout, 10*time.Second)
+	def(&cfg.SniffTimeout, 300*time.Millisecond)
+	def(&cfg.ConnectTimeout, 10*time.Second)
+	def(&cfg.IdleTimeout, 10*time.Minute)
+	def(&cfg.DrainTimeout, 5*time.Second)
+	if cfg.OrigDst == nil {
+		cfg.OrigDst = OriginalDst
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Proxy{cfg: cfg, log: log.With("component", "tproxy", "sandbox", cfg.Sandbox),
+		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop}, nil
+}
+
+// Start binds the listen address and serves until Close.
+func (p *Proxy) Start() error {
+	ln, err := net.Listen("tcp4", p.cfg.Listen.String())
+	if err != nil {
+		return fmt.Errorf("proxy listener %s: %w", p.cfg.Listen, err)
+	}
+	p.ln = ln
+	p.wg.Add(2)
+	go p.accept()
+	go p.janitor()
+	p.log.Info("proxy listening", "addr", ln.Addr().String())
+	return nil
+}
+
+// Addr returns the bound address.
+func (p *Proxy) Addr() netip.AddrPort {
+	return p.ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// Close stops accepting, lets open connections finish for DrainTimeout,
+// then closes the rest and waits for every goroutine. It is idempotent.
+func (p *Proxy) Close() error {
+	var err error
+	p.close.Do(func() {
+		if p.ln != nil {
+			err = p.ln.Close()
+		}
+		deadline := time.Now().Add(p.cfg.DrainTimeout)
+		for time.Now().Before(deadline) && p.active() > 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+		p.stop() // ends held approvals
+		p.mu.Lock()
+		for c, t := range p.conns {
+			c.Close()
+			if t.up != nil {
+				t.up.Close()
+			}
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return err
+}
+
+func (p *Proxy) active() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns)
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			p.log.Warn("accept", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		tc := c.(*net.TCPConn)
+		p.mu.Lock()
+		p.conns[tc] = &tracked{}
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.handle(tc)
+			p.mu.Lock()
+			delete(p.conns, tc)
+			p.mu.Unlock()
+		}()
+	}
+}
+
+// conn is the state of one connection while it is handled.
+type conn struct {
+	client *net.TCPConn
+	rec    Record
+	peeked []byte
+	hello  *Hello
+	head   *Head
+	start  time.Time
+}
+
+func (p *Proxy) handle(client *net.TCPConn) {
+	c := &conn{client: client, start: time.Now()}
+	c.rec = Record{ID: p.ids.Add(1), Time: c.start, Sandbox: p.cfg.Sandbox, Verdict: "deny"}
+	defer func() {
+		client.Close()
+		c.rec.Duration = time.Since(c.start)
+		p.finish(c.rec)
+	}()
+	src := client.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	c.rec.Source = src.String()
+	if p.cfg.Members != nil {
+		if s := p.cfg.Members(src); s != "" {
+			c.rec.Source = s
+		}
+	}
+	dst, err := p.cfg.OrigDst(client)
+	if err != nil {
+		p.reset(c, "no original destination: "+err.Error())
+		return
+	}
+	c.rec.Dest, c.rec.Port = dst.String(), dst.Port()
+
+	name := ""
+	if p.cfg.Names.Contains(dst.Addr()) {
+		c.rec.Fake = true
+		n, ok := p.cfg.Names.Name(dst.Addr())
+		if !ok {
+			c.rec.Host = dst.Addr().String()
+			p.reset(c, "fake IP not assigned to any name (resolve the name again)")
+			return
+		}
+		name = n
+		if err := p.peek(c, p.cfg.SniffTimeout, true); err != nil {
+			p.reset(c, err.Error())
+			return
+		}
+		// What the client says must agree with the name it resolved:
+		// anything else is an attempt to reach another host (fronting).
+		if claimed := c.claimedName(); claimed != "" {
+			if n, err := policy.NormalizeHost(claimed); err != nil || n != name {
+				c.rec.Host = name
+				p.deny(c, fmt.Sprintf("the connection was resolved for %s but asks for %s", name, claimed), policy.Decision{})
+				return
+			}
+		}
+	} else {
+		if err := p.peek(c, p.cfg.PeekTimeout, false); err != nil {
+			c.rec.Host = dst.Addr().String()
+			p.reset(c, err.Error())
+			return
+		}
+		name = c.claimedName()
+	}
+
+	host := dst.Addr().String()
+	if name != "" {
+		n, err := policy.NormalizeHost(name)
+		if err != nil {
+			c.rec.Host = name
+			p.deny(c, "the connection names an invalid host", policy.Decision{})
+			return
+		}
+		host = n
+	}
+	c.rec.Host = host
+	c.rec.LLM = policy.IsLLMHost(host)
+
+	q := policy.Query{Source: c.rec.Source, Host: host, Port: dst.Port()}
+	d := p.cfg.Policy.Decide(q)
+	if d.Rule != nil {
+		c.rec.Rule = d.Rule.Pattern.String()
+	}
+	switch d.Verdict {
+	case policy.Allow:
+	case policy.Ask:
+		if p.cfg.Approvals == nil {
+			p.deny(c, "no rule matched and nobody can be asked", d)
+			return
+		}
+		url := host + ":" + strconv.Itoa(int(dst.Port()))
+		if c.head != nil {
+			url = "http://" + url + c.head.Target
+		}
+		out := p.cfg.Approvals.Ask(p.ctx, policy.AskRequest{Source: c.rec.Source, Host: host, Port: dst.Port(), URL: url})
+		if out.Rule != nil {
+			c.rec.Rule = out.Rule.Pattern.String()
+		}
+		if !out.Allowed {
+			p.deny(c, out.Reason, policy.Decision{Rule: out.Rule})
+			return
+		}
+		c.rec.Reason = out.Reason
+	case policy.NeedsL7:
+		p.deny(c, "rules for this host look at paths or methods, which needs TLS interception (not in this version)", d)
+		return
+	default:
+		p.deny(c, d.Reason.String(), d)
+		return
+	}
+
+	up, err := p.dial(c, host, dst, name == "")
+	if err != nil {
+		p.deny(c, err.Error(), policy.Decision{})
+		return
+	}
+	c.rec.Verdict = "allow"
+	if c.rec.Reason == "" {
+		c.rec.Reason = d.Reason.String()
+	}
+	p.mu.Lock()
+	if t, ok := p.conns[client]; ok {
+		t.up = up
+	}
+	p.mu.Unlock()
+	p.splice(c, up)
+}
+
+// claimedName is the name the client's first bytes ask for: the SNI, or
+// the HTTP Host.
+func (c *conn) claimedName() string {
+	switch {
+	case c.hello != nil:
+		return c.hello.SNI
+	case c.head != nil:
+		return c.head.Host
+	}
+	return ""
+}
+
+// peek reads the client's first bytes until they are a whole ClientHello or
+// HTTP request head, are neither, or MaxPeek is reached. With optional set,
+// a client that sends nothing within wait is fine (a server-first protocol);
+// otherwise silence is an error.
+func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
+	buf := make([]byte, MaxPeek)
+	n := 0
+	deadline := time.Now().Add(wait)
+	extended := false
+	for {
+		c.client.SetReadDeadline(deadline)
+		m, err := c.client.Read(buf[n:])
+		n += m
+		if n > 0 {
+			h, herr := parseClientHello(buf[:n])
+			if herr == nil {
+				c.hello = &h
+				break
+			}
+			hd, perr := parseHTTPHead(buf[:n])
+			if perr == nil {
+				c.head = &hd
+				break
+			}
+			tlsDone := herr != errNeedMore
+			httpDone := perr != errNeedMore
+			if tlsDone && httpDone {
+				if !errors.Is(herr, errNotTLS) {
+					c.peeked = buf[:n]
+					return fmt.Errorf("bad TLS ClientHello: %v", herr)
+				}
+				if !errors.Is(perr, errNotHTTP) {
+					c.peeked = buf[:n]
+					return fmt.Errorf("bad HTTP request: %v", perr)
+				}
+				break // another protocol: no name in it
+			}
+			if n == len(buf) {
+				c.peeked = buf[:n]
+				return fmt.Errorf("no complete ClientHello or HTTP head in %d bytes", n)
+			}
+			// The first bytes arrived: give the rest the full peek time,
+			// once. Later bytes never extend it, so a client dribbling a
+			// byte at a time is still cut off.
+			if !extended {
+				deadline, extended = time.Now().Add(p.cfg.PeekTimeout), true
+			}
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				if n == 0 && optional {
+					break
+				}
+				c.peeked = buf[:n]
+				if n == 0 {
+					return fmt.Errorf("client sent nothing within %s", wait)
+				}
+				return fmt.Errorf("client stalled after %d bytes", n)
+			}
+			c.peeked = buf[:n]
+			if n == 0 {
+				return fmt.Errorf("client closed before sending anything")
+			}
+			return fmt.Errorf("client closed after %d bytes", n)
+		}
+	}
+	c.client.SetReadDeadline(time.Time{})
+	c.peeked = buf[:n]
+	return nil
+}
+
+// dial resolves host (unless it is a raw IP the policy allowed) and
+// connects to the first address the SSRF guard lets through.
+func (p *Proxy) dial(c *conn, host string, dst netip.AddrPort, rawIP bool) (*net.TCPConn, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.ConnectTimeout)
+	defer cancel()
+	var addrs []netip.Addr
+	if rawIP {
+		addrs = []netip.Addr{dst.Addr()}
+	} else {
+		var err error
+		if addrs, err = p.cfg.Resolve(ctx, host); err != nil {
+			return nil, fmt.Errorf("resolve %s: %v", host, err)
+		}
+	}
+	var refused []string
+	var errs []string
+	for _, a := range addrs {
+		if why := p.ssrf(c, a, dst.Port()); why != "" {
+			refused = append(refused, a.String()+" ("+why+")")
+			continue
+		}
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(a, dst.Port()).String())
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		c.rec.Upstream = conn.RemoteAddr().String()
+		return conn.(*net.TCPConn), nil
+	}
+	if len(errs) == 0 && len(refused) > 0 {
+		return nil, fmt.Errorf("%s resolves only to addresses the SSRF guard refuses: %s; allow one explicitly with a cidr: rule", host, strings.Join(refused, ", "))
+	}
+	return nil, fmt.Errorf("connect to %s:%d: %s", host, dst.Port(), strings.Join(errs, "; "))
+}
+
+// ssrf returns why an upstream address is refused, or "". Loopback,
+// private, CGNAT, link-local (cloud metadata), multicast, unspecified and
+// reserved addresses, and the fake pool, are refused unless a cidr: rule
+// names the address.
+func (p *Proxy) ssrf(c *conn, a netip.Addr, port uint16) string {
+	why := ""
+	switch {
+	case a.IsLoopback():
+		why = "loopback"
+	case a.IsPrivate():
+		why = "private network"
+	case cgnat.Contains(a):
+		why = "carrier-grade NAT range"
+	case a.IsLinkLocalUnicast():
+		why = "link-local (cloud metadata)"
+	case a.IsMulticast(), a.IsLinkLocalMulticast():
+		why = "multicast"
+	case a.IsUnspecified(), thisNet.Contains(a), reserved.Contains(a), a == broadcast:
+		why = "reserved"
+	case p.cfg.Names.Contains(a):
+		why = "airlock's fake-IP pool"
+	case !a.Is4():
+		why = "not IPv4"
+	}
+	if why == "" {
+		return ""
+	}
+	d := p.cfg.Policy.Decide(policy.Query{Source: c.rec.Source, Host: a.String(), Port: port})
+	if d.Verdict == policy.Allow && d.Rule != nil && d.Rule.Pattern.Kind() == policy.KindCIDR {
+		return ""
+	}
+	return why
+}
+
+var (
+	cgnat     = netip.MustParsePrefix("100.64.0.0/10")
+	thisNet   = netip.MustParsePrefix("0.0.0.0/8")
+	reserved  = netip.MustParsePrefix("240.0.0.0/4")
+	broadcast = netip.MustParseAddr("255.255.255.255")
+)
+
+// splice copies between the raw sockets, after the bytes already peeked.
+// io.Copy between two *net.TCPConn uses splice(2); nothing may wrap them.
+func (p *Proxy) splice(c *conn, up *net.TCPConn) {
+	defer up.Close()
+	if len(c.peeked) > 0 {
+		if _, err := up.Write(c.peeked); err != nil {
+			c.rec.Close = "upstream write failed: " + err.Error()
+			return
+		}
+		c.rec.Up = int64(len(c.peeked))
+	}
+	var down int64
+	var downErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		down, downErr = io.Copy(c.client, up)
+		c.client.CloseWrite()
+	}()
+	n, upErr := io.Copy(up, c.client)
+	c.rec.Up += n
+	if upErr != nil {
+		// The client broke off: end the other direction too.
+		up.Close()
+	} else {
+		up.CloseWrite()
+	}
+	<-done
+	c.rec.Down = down
+	switch {
+	case upErr != nil:
+		c.rec.Close = "client error: " + upErr.Error()
+	case downErr != nil:
+		c.rec.Close = "upstream error: " + downErr.Error()
+	default:
+		c.rec.Close = "closed"
+	}
+}
+
+// deny refuses a connection: a plain HTTP request gets a 403 that says
+// what was blocked and how to approve it; anything else is reset.
+func (p *Proxy) deny(c *conn, reason string, d policy.Decision) {
+	c.rec.Verdict, c.rec.Reason = "deny", reason
+	if d.Rule != nil {
+		c.rec.Rule = d.Rule.Pattern.String()
+	}
+	if c.head == nil {
+		p.reset(c, reason)
+		return
+	}
+	rule := "none"
+	if c.rec.Rule != "" {
+		rule = c.rec.Rule
+	}
+	body := fmt.Sprintf("airlock blocked this request.\n\nsandbox: %s\nsource:  %s\nhost:    %s:%d\nrequest: %s %s\nreason:  %s\nrule:    %s\n\nTo allow it, approve it on airlock's page%s\nor add a rule to the sandbox's policy file, such as:\n  - pattern: %q\n",
+		p.cfg.Sandbox, c.rec.Source, c.rec.Host, c.rec.Port, c.head.Method, c.head.Target, reason, rule, approvalHint(p.cfg.ApprovalURL), c.rec.Host)
+	fmt.Fprintf(c.client, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Airlock-Verdict: deny\r\n\r\n%s", len(body), body)
+	c.rec.Close = "403 sent"
+	c.client.CloseWrite()
+	// Let the 403 reach the client before the socket goes.
+	c.client.SetReadDeadline(time.Now().Add(time.Second))
+	io.Copy(io.Discard, io.LimitReader(c.client, 1<<20))
+}
+
+func approvalHint(url string) string {
+	if url == "" {
+		return ""
+	}
+	return " (" + url + ")"
+}
+
+// reset closes with RST, so the client sees a refusal, not a clean end.
+func (p *Proxy) reset(c *conn, reason string) {
+	if c.rec.Reason == "" {
+		c.rec.Reason = reason
+	}
+	c.rec.Verdict = "deny"
+	if c.rec.Close == "" {
+		c.rec.Close = "reset"
+	}
+	c.client.SetLinger(0)
+}
+
+func (p *Proxy) finish(r Record) {
+	level := slog.LevelInfo
+	if r.Verdict == "allow" {
+		level = slog.LevelDebug
+	}
+	p.log.Log(context.Background(), level, "connection",
+		"source", r.Source, "host", r.Host, "port", r.Port, "verdict", r.Verdict, "rule", r.Rule,
+		"reason", r.Reason, "dest", r.Dest, "upstream", r.Upstream, "up", r.Up, "down", r.Down,
+		"duration", r.Duration.Round(time.Millisecond), "close", r.Close)
+	if p.cfg.OnRecord != nil {
+		p.cfg.OnRecord(r)
+	}
+}
+
+// janitor closes spliced connections idle in both directions for longer
+// than IdleTimeout, reading each socket's TCP_INFO, so the splice itself
+// runs without deadlines or wrappers.
+func (p *Proxy) janitor() {
+	defer p.wg.Done()
+	every := p.cfg.IdleTimeout / 4
+	if every > 30*time.Second {
+		every = 30 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		for c, tr := range p.conns {
+			if tr.up == nil {
+				continue
+			}
+			if idle(c) > p.cfg.IdleTimeout && idle(tr.up) > p.cfg.IdleTimeout {
+				c.Close()
+				tr.up.Close()
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// idle returns how long a socket has neither sent nor received data.
+func idle(c *net.TCPConn) time.Duration {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var info *unix.TCPInfo
+	rc.Control(func(fd uintptr) {
+		info, _ = unix.GetsockoptTCPInfo(int(fd), unix.SOL_TCP, unix.TCP_INFO)
+	})
+	if info == nil {
+		return 0
+	}
+	ms := min(info.Last_data_recv, info.Last_data_sent)
+	return time.Duration(ms) * time.Millisecond
+}

@@ -1,0 +1,437 @@
+package tproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/airlockhq/airlock/internal/testcerts"
+	"github.com/airlockhq/airlock/policy"
+)
+
+var fakePool = netip.MustParsePrefix("198.18.0.0/15")
+
+// fakeNames maps a few fake IPs to names, like the gate's pool.
+type fakeNames map[netip.Addr]string
+
+func (f fakeNames) Contains(a netip.Addr) bool { return fakePool.Contains(a) }
+func (f fakeNames) Name(a netip.Addr) (string, bool) {
+	n, ok := f[a]
+	return n, ok
+}
+
+var names = fakeNames{
+	netip.MustParseAddr("198.18.0.5"): "allowed.test",
+	netip.MustParseAddr("198.18.0.6"): "unknown.test",
+	netip.MustParseAddr("198.18.0.7"): "private.test",
+	netip.MustParseAddr("198.18.0.8"): "ssh.test",
+}
+
+func fake(name string) netip.Addr {
+	for a, n := range names {
+		if n == name {
+			return a
+		}
+	}
+	panic(name)
+}
+
+// upstream is a local HTTPS and HTTP server that stands for the internet.
+type upstream struct {
+	httpsPort, httpPort uint16
+	caFile              string
+	mu                  sync.Mutex
+	seen                []string // "Host path" of each request
+	seenAt              []time.Time
+}
+
+func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.seen = append(u.seen, r.Host+" "+r.URL.Path)
+	u.seenAt = append(u.seenAt, time.Now())
+	u.mu.Unlock()
+	fmt.Fprint(w, "internet")
+}
+
+func (u *upstream) requests() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.seen...)
+}
+
+func startUpstream(t *testing.T) *upstream {
+	ca, leaf, err := testcerts.New([]string{"allowed.test", "unknown.test", "other.test"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &upstream{caFile: filepath.Join(t.TempDir(), "ca.pem")}
+	os.WriteFile(u.caFile, ca, 0o644)
+	tl, _ := net.Listen("tcp4", "127.0.0.1:0")
+	pl, _ := net.Listen("tcp4", "127.0.0.1:0")
+	u.httpsPort = uint16(tl.Addr().(*net.TCPAddr).Port)
+	u.httpPort = uint16(pl.Addr().(*net.TCPAddr).Port)
+	s1 := &http.Server{Handler: http.HandlerFunc(u.handler), TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf}}, ErrorLog: nil}
+	s2 := &http.Server{Handler: http.HandlerFunc(u.handler)}
+	go s1.ServeTLS(tl, "", "")
+	go s2.Serve(pl)
+	t.Cleanup(func() { s1.Close(); s2.Close() })
+	return u
+}
+
+type harness struct {
+	proxy   *Proxy
+	sandbox *policy.Sandbox
+	broker  *policy.Broker
+	up      *upstream
+	mu      sync.Mutex
+	records []Record
+}
+
+func (h *harness) Records() []Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Record(nil), h.records...)
+}
+
+// newHarness starts a proxy whose every connection claims to have been
+// going to dst, with the rules of a policy file.
+func newHarness(t *testing.T, up *upstream, dst netip.AddrPort, policyYAML string, tune func(*Config)) *harness {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
+	path := filepath.Join(t.TempDir(), "app.yaml")
+	os.WriteFile(path, []byte(policyYAML), 0o644)
+	sb, err := policy.OpenSandbox(policy.SandboxConfig{Name: "test", Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, _ := policy.NewBroker(policy.BrokerConfig{Sandbox: sb})
+	h := &harness{sandbox: sb, broker: br, up: up}
+	cfg := Config{
+		Sandbox:   "test",
+		Listen:    netip.MustParseAddrPort("127.0.0.1:0"),
+		Policy:    sb,
+		Approvals: br,
+		Names:     names,
+		Resolve: func(_ context.Context, name string) ([]netip.Addr, error) {
+			switch name {
+			case "private.test":
+				return []netip.Addr{netip.MustParseAddr("10.255.0.1")}, nil
+			case "metadata.test":
+				return []netip.Addr{netip.MustParseAddr("169.254.169.254")}, nil
+			}
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+		},
+		OnRecord:    func(r Record) { h.mu.Lock(); h.records = append(h.records, r); h.mu.Unlock() },
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ApprovalURL: "http://127.0.0.1:7433/",
+		OrigDst:     func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil },
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	h.proxy = p
+	return h
+}
+
+// curl runs curl against the proxy as if connecting to host:port.
+func (h *harness) curl(t *testing.T, scheme, host string, port uint16, extra ...string) (string, error) {
+	args := []string{"-sS", "-m", "10", "--connect-to", fmt.Sprintf("%s:%d:%s", host, port, h.proxy.Addr()), "--cacert", h.up.caFile}
+	args = append(args, extra...)
+	args = append(args, fmt.Sprintf("%s://%s:%d/", scheme, host, port))
+	out, err := exec.Command("curl", args...).CombinedOutput()
+	return string(out), err
+}
+
+// rules allows the local test server: by name and port, and its loopback
+// address explicitly (the SSRF guard refuses loopback otherwise).
+func rules(port uint16, names ...string) string {
+	var b strings.Builder
+	b.WriteString("sandbox:\n  approval_timeout: 2\n  network_allowlist:\n    user:\n")
+	fmt.Fprintf(&b, "      - pattern: \"cidr:127.0.0.1/32:%d\"\n", port)
+	for _, n := range names {
+		fmt.Fprintf(&b, "      - pattern: \"%s\"\n", n)
+	}
+	return b.String()
+}
+
+func TestProxyAllowedIsSpliced(t *testing.T) {
+	up := startUpstream(t)
+	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpsPort), rules(up.httpsPort, fmt.Sprintf("allowed.test:%d", up.httpsPort)), nil)
+	out, err := h.curl(t, "https", "allowed.test", up.httpsPort)
+	if err != nil || out != "internet" {
+		t.Fatalf("curl: %v %q", err, out)
+	}
+	time.Sleep(50 * time.Millisecond)
+	r := h.Records()
+	if len(r) != 1 || r[0].Verdict != "allow" || r[0].Rule != fmt.Sprintf("allowed.test:%d", up.httpsPort) ||
+		r[0].Host != "allowed.test" || !r[0].Fake || r[0].Up == 0 || r[0].Down == 0 || r[0].Close != "closed" {
+		t.Errorf("record = %+v", r)
+	}
+}
+
+func TestProxyHTTPDenied403(t *testing.T) {
+	up := startUpstream(t)
+	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpPort), "sandbox:\n  unknown_action: deny\n  network_denylist:\n    - pattern: allowed.test\n", nil)
+	out, err := h.curl(t, "http", "allowed.test", up.httpPort, "-i")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"403 Forbidden", "airlock blocked this request", "sandbox: test", "host:    allowed.test", "http://127.0.0.1:7433/", "unknown_action"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("403 page lacks %q:\n%s", want, out)
+		}
+	}
+	if len(up.requests()) != 0 {
+		t.Errorf("denied request reached the upstream: %v", up.requests())
+	}
+}
+
+func TestProxySNIMustMatchName(t *testing.T) {
+	up := startUpstream(t)
+	// The client resolved allowed.test but sends SNI other.test.
+	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpsPort), rules(up.httpsPort, fmt.Sprintf("allowed.test:%d", up.httpsPort), fmt.Sprintf("other.test:%d", up.httpsPort)), nil)
+	if out, err := h.curl(t, "https", "other.test", up.httpsPort); err == nil {
+		t.Fatalf("fronted connection succeeded: %q", out)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if r := h.Records(); len(r) != 1 || r[0].Verdict != "deny" || !strings.Contains(r[0].Reason, "resolved for allowed.test but asks for other.test") {
+		t.Errorf("record = %+v", r)
+	}
+}
+
+func TestProxyAskAllowOnceReleasesFast(t *testing.T) {
+	up := startUpstream(t)
+	h := newHarness(t, up, netip.AddrPortFrom(fake("unknown.test"), up.httpsPort), rules(up.httpsPort), nil)
+	// Three parallel connections share one pending approval.
+	type res struct {
+		out string
+		err error
+	}
+	done := make(chan res, 3)
+	for i := 0; i < 3; i++ {
+		go func() { o, e := h.curl(t, "https", "unknown.test", up.httpsPort); done <- res{o, e} }()
+	}
+	var p []policy.Pending
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if p = h.broker.List(); len(p) == 1 && p[0].Waiting == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pending = %+v, want one approval with 3 waiting", p)
+		}
+	}
+	if p[0].Host != "unknown.test" || p[0].Port != up.httpsPort {
+		t.Errorf("pending = %+v", p[0])
+	}
+	decided := time.Now()
+	if _, err := h.broker.Decide(p[0].ID, policy.Choice{Action: policy.ResolveAllowOnce}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if r := <-done; r.err != nil || r.out != "internet" {
+			t.Errorf("held connection after allow once: %v %q", r.err, r.out)
+		}
+	}
+	up.mu.Lock()
+	first := up.seenAt[0]
+	up.mu.Unlock()
+	if d := first.Sub(decided); d > 100*time.Millisecond {
+		t.Errorf("first request reached the upstream %v after the decision, want < 100ms", d)
+	}
+	// Allow once adds no rule: the next connection is held again.
+	if rs := h.sandbox.Rules(); len(rs) != 1 {
+		t.Errorf("rules after allow once: %v", rs)
+	}
+}
+
+func TestProxyAskDenyAndTimeout(t *testing.T) {
+	up := startUpstream(t)
+	h := newHarness(t, up, netip.AddrPortFrom(fake("unknown.test"), up.httpPort), rules(up.httpPort), nil)
+	done := make(chan string, 1)
+	go func() { o, _ := h.curl(t, "http", "unknown.test", up.httpPort); done <- o }()
+	for deadline := time.Now().Add(5 * time.Second); len(h.broker.List()) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no pending approval")
+		}
+	}
+	h.broker.Decide(h.broker.List()[0].ID, policy.Choice{Action: policy.ResolveDeny})
+	if out := <-done; !strings.Contains(out, "denied by a person") {
+		t.Errorf("denied held request got %q", out)
+	}
+	start := time.Now()
+	out, _ := h.curl(t, "http", "unknown.test", up.httpPort)
+	if !strings.Contains(out, "no decision within 2s") || time.Since(start) < 1500*time.Millisecond {
+		t.Errorf("after %v: %q; want a 403 after the 2 s approval timeout", time.Since(start), out)
+	}
+	if len(up.requests()) != 0 {
+		t.Errorf("upstream saw %v", up.requests())
+	}
+}
+
+func TestProxySSRFGuard(t *testing.T) {
+	up := startUpstream(t)
+	h := newHarness(t, up, netip.AddrPortFrom(fake("private.test"), 80), "sandbox:\n  network_allowlist:\n    user:\n      - pattern: private.test\n", nil)
+	out, err := h.curl(t, "http", "private.test", 80)
+	if err != nil || !strings.Contains(out, "SSRF guard refuses: 10.255.0.1 (private network)") {
+		t.Errorf("private.test: %v %q", err, out)
+	}
+}
+
+func TestProxyRawIP(t *testing.T) {
+	up := startUpstream(t)
+	// A raw IP without a name: denied unless a cidr rule allows it.
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), up.httpPort)
+	h := newHarness(t, up, dst, "sandbox:\n  unknown_action: allow\n", nil)
+	out, _ := h.curl(t, "http", "127.0.0.1", up.httpPort)
+	if !strings.Contains(out, "raw IP destination") {
+		t.Errorf("raw IP with unknown_action allow: %q", out)
+	}
+	h2 := newHarness(t, up, dst, rules(up.httpPort), nil)
+	if out, err := h2.curl(t, "http", "127.0.0.1", up.httpPort); err != nil || out != "internet" {
+		t.Errorf("raw IP with a cidr rule: %v %q", err, out)
+	}
+}
+
+func TestProxyServerSpeaksFirst(t *testing.T) {
+	ln, _ := net.Listen("tcp4", "127.0.0.1:0")
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Write([]byte("SSH-2.0-test\r\n"))
+			io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	h := newHarness(t, &upstream{}, netip.AddrPortFrom(fake("ssh.test"), port), rules(port, fmt.Sprintf("ssh.test:%d", port)), nil)
+	c, err := net.Dial("tcp4", h.proxy.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	banner := make([]byte, 14)
+	if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "SSH-2.0-test\r\n" {
+		t.Fatalf("banner %q %v", banner, err)
+	}
+	c.Write([]byte("echo"))
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "echo" {
+		t.Errorf("echo %q %v", got, err)
+	}
+}
+
+func TestProxyBadClients(t *testing.T) {
+	up := startUpstream(t)
+	dst := netip.AddrPortFrom(netip.MustParseAddr("203.0.113.10"), up.httpsPort) // raw IP: the proxy must peek
+	h := newHarness(t, up, dst, rules(up.httpsPort, fmt.Sprintf("allowed.test:%d", up.httpsPort)), func(c *Config) {
+		c.PeekTimeout = 300 * time.Millisecond
+	})
+	hello := clientHello(t, "allowed.test")
+	tests := []struct {
+		name string
+		send func(c net.Conn)
+	}{
+		{"half a ClientHello", func(c net.Conn) { c.Write(hello[:len(hello)/2]) }},
+		{"64 KiB of garbage", func(c net.Conn) { c.Write(bytes.Repeat([]byte{0x16, 0x03, 0x01, 0xff}, 16<<10)) }},
+		{"random garbage", func(c net.Conn) { c.Write(bytes.Repeat([]byte("\x00garbage"), 8<<10)) }},
+		{"silence", func(c net.Conn) {}},
+		{"slowloris", func(c net.Conn) {
+			for _, b := range []byte("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Slow: yes") {
+				if _, err := c.Write([]byte{b}); err != nil {
+					return
+				}
+				time.Sleep(30 * time.Millisecond)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := net.Dial("tcp4", h.proxy.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			start := time.Now()
+			go tt.send(c)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			io.Copy(io.Discard, c) // returns when the proxy closes
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("closed after %v, want within about the 300ms peek timeout (+300ms after first bytes)", d)
+			}
+		})
+	}
+	if len(up.requests()) != 0 {
+		t.Errorf("bad clients reached the upstream: %v", up.requests())
+	}
+	// Still serving: a proper client gets through.
+	if out, err := h.curl(t, "https", "allowed.test", up.httpsPort); err != nil || out != "internet" {
+		t.Errorf("after the bad clients: %v %q", err, out)
+	}
+}
+
+func TestProxyIdleTimeoutAndDrain(t *testing.T) {
+	ln, _ := net.Listen("tcp4", "127.0.0.1:0")
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	h := newHarness(t, &upstream{}, netip.AddrPortFrom(fake("ssh.test"), port), rules(port, fmt.Sprintf("ssh.test:%d", port)), func(c *Config) {
+		c.IdleTimeout = 200 * time.Millisecond
+		c.SniffTimeout = 10 * time.Millisecond
+	})
+	c, _ := net.Dial("tcp4", h.proxy.Addr().String())
+	defer c.Close()
+	// A first message that is neither TLS nor HTTP. (A lone "x" could
+	// start an HTTP method, and the proxy would rightly wait for the rest
+	// of the head before letting it through.)
+	c.Write([]byte("SSH-2.0-client\r\n"))
+	start := time.Now()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	io.Copy(io.Discard, c)
+	if d := time.Since(start); d < 150*time.Millisecond || d > 2*time.Second {
+		t.Errorf("idle connection closed after %v, want about 200ms", d)
+	}
+	// Close drains: an active connection is cut after DrainTimeout.
+	h.proxy.cfg.DrainTimeout = 100 * time.Millisecond
+	c2, _ := net.Dial("tcp4", h.proxy.Addr().String())
+	defer c2.Close()
+	c2.Write([]byte("SSH-2.0-client\r\n"))
+	time.Sleep(50 * time.Millisecond)
+	start = time.Now()
+	h.proxy.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Close took %v", d)
+	}
+}
