@@ -20,18 +20,35 @@ const (
 	exfilCap = 10
 )
 
-// setup builds a world and an airlockd with two sandboxes: sba allows
-// allowed.test and *.exfil.test, sbb allows nothing.
+// setup builds a world and an airlockd with two sandboxes: sba asks (2 s)
+// for unknown hosts and allows allowed.test, *.exfil.test, private.test,
+// metadata.test and ssh.test; sbb denies unknown hosts and allows
+// cidr:203.0.113.10/32, private.test with cidr:10.255.0.1/32, and
+// ssh.test:22.
 func setup(t *testing.T) (*testworld.World, string, *testworld.Daemon) {
 	w := testworld.New(t)
 	policyA := filepath.Join(w.Dir, "app.yaml")
 	write(t, policyA, `name: myapp  # unrelated keys stay
 sandbox:
   unknown_action: ask
+  approval_timeout: 2
   network_allowlist:
     user:
       - pattern: allowed.test
       - pattern: "*.exfil.test"
+      - pattern: private.test
+      - pattern: metadata.test
+      - pattern: ssh.test
+`)
+	policyB := filepath.Join(w.Dir, "b.yaml")
+	write(t, policyB, `sandbox:
+  unknown_action: deny
+  network_allowlist:
+    user:
+      - pattern: "cidr:203.0.113.10/32"
+      - pattern: private.test
+      - pattern: "cidr:10.255.0.1/32"
+      - pattern: "ssh.test:22"
 `)
 	cfg := filepath.Join(w.Dir, "airlockd.yaml")
 	write(t, cfg, fmt.Sprintf(`api_listen: 127.0.0.1:7433
@@ -46,7 +63,8 @@ sandboxes:
     policy: %[5]s
   - name: %[6]s
     subnet: 10.88.1.0/24
-`, w.Dir, testworld.DNSAddr, exfilCap, sbA, policyA, sbB))
+    policy: %[7]s
+`, w.Dir, testworld.DNSAddr, exfilCap, sbA, policyA, sbB, policyB))
 	d := w.StartDaemon(cfg)
 	return w, cfg, d
 }
@@ -188,15 +206,16 @@ func TestNothingElseLeaves(t *testing.T) {
 	// QUIC-like UDP to 443, other UDP, and non-DNS bytes to port 53 of an
 	// internet host, through bash's /dev/udp.
 	run("bash", "-c", "echo quic > /dev/udp/"+testworld.WebAddr+"/443; echo hello > /dev/udp/"+testworld.WebAddr+"/9999; echo notdns > /dev/udp/"+testworld.UDP53Addr+"/53; sleep 0.5")
-	// TCP to internet hosts, to the private service and to the metadata
-	// service: the proxy does not carry traffic yet, so each is refused.
-	for _, u := range []string{"http://allowed.test/", "https://allowed.test/", "http://" + testworld.WebAddr + "/", "https://" + testworld.WebAddr + "/", "http://" + testworld.Private + "/", "http://" + testworld.Metadata + "/latest/meta-data/"} {
-		if r := run("curl", "-sS", "-m", "5", u); r.Code == 0 {
+	// TCP straight to internet hosts, the private service and the metadata
+	// service by IP: no rule of sba allows a raw IP, so each is refused
+	// (403 for plain HTTP, reset for TLS).
+	for _, u := range []string{"http://" + testworld.WebAddr + "/", "https://" + testworld.WebAddr + "/", "http://" + testworld.Private + "/", "http://" + testworld.Metadata + "/latest/meta-data/"} {
+		if r := run("curl", "-sSfk", "-m", "5", u); r.Code == 0 {
 			t.Errorf("curl %s succeeded from a sandbox: %s", u, r.Stdout)
 		}
 	}
 	// A Go client: dial by IP.
-	if r := run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "dial", testworld.WebAddr+":80"); !strings.Contains(r.Stdout, "dial failed") {
+	if r := run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "dial", testworld.WebAddr+":80"); !strings.Contains(r.Stdout, "refused") {
 		t.Errorf("Go client dial: %q %q", r.Stdout, r.Stderr)
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -333,7 +352,7 @@ func TestIsolation(t *testing.T) {
 		t.Errorf("ping between members of one sandbox failed: %s %s", r.Stdout, r.Stderr)
 	}
 	// Sandbox A cannot reach sandbox B's member, nor B A's.
-	if r := run(sbA, "curl", "-sS", "-m", "5", "http://10.88.1.2:8080/"); r.Code == 0 {
+	if r := run(sbA, "curl", "-sSf", "-m", "5", "http://10.88.1.2:8080/"); r.Code == 0 {
 		t.Errorf("sandbox A reached sandbox B: %q", r.Stdout)
 	}
 	if r := run(sbB, ping, "-c", "1", "-W", "2", "10.88.0.2"); r.Code == 0 {
@@ -341,8 +360,8 @@ func TestIsolation(t *testing.T) {
 	}
 	// The host's own services: on the gateway, on the uplink, on loopback
 	// (which a member names as its own), and the API port.
-	for _, u := range []string{"http://10.88.0.1:9999/", "http://" + testworld.HostUplink + ":9999/", "http://10.88.0.1:7433/", "http://10.88.1.1:9999/"} {
-		if r := run(sbA, "curl", "-sS", "-m", "5", u); r.Code == 0 {
+	for _, u := range []string{"http://10.88.0.1:9999/", "http://" + testworld.HostUplink + ":9999/", "http://10.88.0.1:7433/", "http://10.88.1.1:9999/", "http://127.0.0.1:7433/"} {
+		if r := run(sbA, "curl", "-sSf", "-m", "5", u); r.Code == 0 {
 			t.Errorf("curl %s from a sandbox succeeded: %q", u, r.Stdout)
 		}
 	}
@@ -368,6 +387,7 @@ func TestFailClosedWhenAirlockdDies(t *testing.T) {
 		{"dig", "+short", "+tries=1", "+time=2", "allowed.test"},
 		{"dig", "+short", "+tries=1", "+time=2", "@" + testworld.DNSAddr, "TXT", "allowed.test"},
 		{"curl", "-sS", "-m", "3", "http://" + testworld.WebAddr + "/"},
+		{"curl", "-sS", "-m", "3", "--resolve", "allowed.test:80:" + testworld.WebAddr, "http://allowed.test/"},
 	} {
 		r := w.Run(cfg, sbA, "agent", 20*time.Second, argv...)
 		if r.Code == 0 && strings.TrimSpace(r.Stdout) != "" {

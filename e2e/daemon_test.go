@@ -29,7 +29,7 @@ func TestWorldServes(t *testing.T) {
 		}
 	}
 	got := strings.Join(w.Reached(), "\n")
-	for _, want := range []string{"tcp 203.0.113.10:80", `tls 203.0.113.10:443 ← 203.0.113.254`, `sni "allowed.test", handshake error <nil>`} {
+	for _, want := range []string{"http 203.0.113.10:80 ← 203.0.113.254", "https 203.0.113.10:443 ← 203.0.113.254", "GET / host allowed.test sni allowed.test"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("internet log lacks %q:\n%s", want, got)
 		}

@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -24,21 +29,62 @@ func TestMemberHelper(t *testing.T) {
 	}
 	switch args[0] {
 	case "dial":
+		// Prints "refused: …" unless an HTTP 200 comes back.
 		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
-		if err == nil {
-			// A refused or reset connection may still complete the
-			// handshake with the proxy; a read tells.
-			c.SetReadDeadline(time.Now().Add(3 * time.Second))
-			fmt.Fprintf(c, "GET / HTTP/1.0\r\n\r\n")
-			var b [64]byte
-			_, err = c.Read(b[:])
-			c.Close()
-		}
 		if err != nil {
-			fmt.Println("dial failed:", err)
-		} else {
-			fmt.Println("dial ok")
+			fmt.Println("refused:", err)
+			break
 		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\n\r\n")
+		line, err := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if err != nil || !strings.Contains(line, " 200 ") {
+			fmt.Printf("refused: %q %v\n", line, err)
+		} else {
+			fmt.Println("ok:", strings.TrimSpace(line))
+		}
+	case "fetch":
+		// fetch N URL: N concurrent GETs on fresh connections; each body must
+		// be the /bytes/ pattern of the right length.
+		n, _ := strconv.Atoi(args[1])
+		want, _ := strconv.Atoi(args[2][strings.LastIndexByte(args[2], '/')+1:])
+		client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, MaxConnsPerHost: 0}}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		good := 0
+		var firstErr error
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := fetchOne(client, args[2], want)
+				mu.Lock()
+				defer mu.Unlock()
+				if err == nil {
+					good++
+				} else if firstErr == nil {
+					firstErr = err
+				}
+			}()
+		}
+		wg.Wait()
+		fmt.Printf("ok %d of %d (first error: %v)\n", good, n, firstErr)
+	case "garbage":
+		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
+		if err != nil {
+			fmt.Println("refused:", err)
+			break
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		junk := make([]byte, 64<<10)
+		for i := range junk {
+			junk[i] = byte(i * 7)
+		}
+		junk[0] = 0x16
+		c.Write(junk)
+		n, err := io.Copy(io.Discard, c)
+		fmt.Printf("closed after reading %d bytes: %v\n", n, err)
 	case "storm":
 		// Malformed and random datagrams to each address given.
 		r := rand.New(rand.NewPCG(9, 9))
@@ -84,6 +130,27 @@ func TestMemberHelper(t *testing.T) {
 		time.Sleep(time.Duration(secs) * time.Second)
 	}
 	os.Exit(0)
+}
+
+func fetchOne(c *http.Client, url string, want int) error {
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != 200 || len(b) != want {
+		return fmt.Errorf("status %d, %d bytes", resp.StatusCode, len(b))
+	}
+	for i, v := range b {
+		if v != byte(i%251) {
+			return fmt.Errorf("byte %d is %d, want %d", i, v, i%251)
+		}
+	}
+	return nil
 }
 
 func helperArgs() []string {

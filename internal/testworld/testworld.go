@@ -15,11 +15,15 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +32,7 @@ import (
 	vnetns "github.com/vishvananda/netns"
 
 	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
+	"github.com/airlockhq/airlock/internal/testcerts"
 	"github.com/airlockhq/airlock/internal/testenv"
 )
 
@@ -36,7 +41,8 @@ const (
 	HostUplink = "203.0.113.254" // the host's address towards the internet
 	InetRouter = "203.0.113.1"
 	DNSAddr    = "203.0.113.53"
-	WebAddr    = "203.0.113.10" // allowed.test, HTTP on 80, UDP loggers on 443 and 9999
+	WebAddr    = "203.0.113.10" // allowed.test: HTTP 80, HTTPS 443, a banner server on 22, UDP loggers on 443 and 9999
+	DecoyAddr  = "203.0.113.66" // a second server that must never be reached through the proxy
 	UDP53Addr  = "203.0.113.77" // a UDP logger on port 53 that is no DNS server
 	Private    = "10.255.0.1"   // stand-in private service, HTTP on 80
 	Metadata   = "169.254.169.254"
@@ -77,7 +83,7 @@ func New(t *testing.T) *World {
 	w.ip("link", "add", up, "netns", w.Host, "type", "veth", "peer", "name", down, "netns", w.Inet)
 	w.ip("-n", w.Host, "addr", "add", HostUplink+"/24", "dev", up)
 	w.ip("-n", w.Host, "link", "set", up, "up")
-	for _, a := range []string{InetRouter + "/24", DNSAddr + "/24", WebAddr + "/24", UDP53Addr + "/24", Private + "/32", Metadata + "/32"} {
+	for _, a := range []string{InetRouter + "/24", DNSAddr + "/24", WebAddr + "/24", UDP53Addr + "/24", DecoyAddr + "/24", Private + "/32", Metadata + "/32"} {
 		w.ip("-n", w.Inet, "addr", "add", a, "dev", down)
 	}
 	w.ip("-n", w.Inet, "link", "set", down, "up")
@@ -90,17 +96,19 @@ func New(t *testing.T) *World {
 	w.ip("-n", w.Inet, "route", "add", "10.88.0.0/16", "via", HostUplink)
 
 	w.DNS = &dnsgatetest.Server{
-		A:   map[string]string{"allowed.test": WebAddr, "other.test": WebAddr},
+		A: map[string]string{"allowed.test": WebAddr, "other.test": WebAddr, "ssh.test": WebAddr,
+			"private.test": Private, "metadata.test": Metadata, "decoy.test": DecoyAddr},
 		TXT: map[string]string{"allowed.test": "v=allowed", "unknown.test": "v=secret"},
 	}
 	w.InNetns(w.Inet, func() {
 		if _, err := w.DNS.Start(DNSAddr + ":53"); err != nil {
 			t.Errorf("internet DNS: %v", err)
 		}
-		for _, a := range []string{WebAddr + ":80", Private + ":80", Metadata + ":80"} {
+		for _, a := range []string{Private + ":80", Metadata + ":80", DecoyAddr + ":80", DecoyAddr + ":443"} {
 			w.tcpLogger(a)
 		}
-		w.tlsServer(WebAddr + ":443")
+		w.webServers()
+		w.bannerServer(WebAddr + ":22")
 		for _, a := range []string{WebAddr + ":443", WebAddr + ":9999", UDP53Addr + ":53"} {
 			w.udpLogger(a)
 		}
@@ -189,11 +197,13 @@ func (w *World) tcpLogger(addr string) {
 	}()
 }
 
-// tlsServer serves HTTPS with a certificate from a fresh test CA (ECDSA
-// P-256) for allowed.test, other.test and WebAddr, logging each handshake's
-// SNI, and writes the CA to w.CAFile.
-func (w *World) tlsServer(addr string) {
-	ca, leaf, err := testCerts([]string{"allowed.test", "other.test"}, []net.IP{net.ParseIP(WebAddr)})
+// webServers serves HTTP on WebAddr:80 and HTTPS on WebAddr:443 with a
+// certificate from a fresh test CA (ECDSA P-256) for allowed.test,
+// other.test and WebAddr, writes the CA to w.CAFile, and logs every request
+// with its Host. "/" answers "internet"; "/bytes/N" answers N bytes, byte i
+// being i%251.
+func (w *World) webServers() {
+	ca, leaf, err := testcerts.New([]string{"allowed.test", "other.test"}, []net.IP{net.ParseIP(WebAddr)})
 	if err != nil {
 		w.t.Errorf("test certificates: %v", err)
 		return
@@ -203,28 +213,71 @@ func (w *World) tlsServer(addr string) {
 		w.t.Errorf("write CA: %v", err)
 		return
 	}
+	handler := func(scheme string) http.Handler {
+		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			sni := ""
+			if r.TLS != nil {
+				sni = " sni " + r.TLS.ServerName
+			}
+			w.record(fmt.Sprintf("%s %s ← %s: %s %s host %s%s", scheme, r.Context().Value(http.LocalAddrContextKey), r.RemoteAddr, r.Method, r.URL.Path, r.Host, sni))
+			if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
+				size, _ := strconv.Atoi(n)
+				rw.Header().Set("Content-Length", strconv.Itoa(size))
+				buf := make([]byte, 32<<10)
+				for sent := 0; sent < size; {
+					k := min(len(buf), size-sent)
+					for i := 0; i < k; i++ {
+						buf[i] = byte((sent + i) % 251)
+					}
+					if _, err := rw.Write(buf[:k]); err != nil {
+						return
+					}
+					sent += k
+				}
+				return
+			}
+			fmt.Fprint(rw, "internet")
+		})
+	}
+	for _, s := range []struct {
+		addr, scheme string
+	}{{WebAddr + ":80", "http"}, {WebAddr + ":443", "https"}} {
+		ln, err := net.Listen("tcp4", s.addr)
+		if err != nil {
+			w.t.Errorf("web server %s: %v", s.addr, err)
+			return
+		}
+		srv := &http.Server{Handler: handler(s.scheme), ErrorLog: log.New(io.Discard, "", 0)}
+		if s.scheme == "https" {
+			srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{leaf}}
+			go srv.ServeTLS(ln, "", "")
+		} else {
+			go srv.Serve(ln)
+		}
+		w.t.Cleanup(func() { srv.Close() })
+	}
+}
+
+// bannerServer speaks first, like SSH: it sends a banner, then echoes.
+func (w *World) bannerServer(addr string) {
 	ln, err := net.Listen("tcp4", addr)
 	if err != nil {
-		w.t.Errorf("https server %s: %v", addr, err)
+		w.t.Errorf("banner server %s: %v", addr, err)
 		return
 	}
 	w.t.Cleanup(func() { ln.Close() })
-	cfg := &tls.Config{Certificates: []tls.Certificate{leaf}, MinVersion: tls.VersionTLS12}
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			w.record(fmt.Sprintf("banner %s ← %s", addr, c.RemoteAddr()))
 			go func() {
 				defer c.Close()
-				tc := tls.Server(c, cfg)
-				tc.SetDeadline(time.Now().Add(5 * time.Second))
-				err := tc.Handshake()
-				w.record(fmt.Sprintf("tls %s ← %s (sni %q, handshake error %v)", addr, c.RemoteAddr(), tc.ConnectionState().ServerName, err))
-				if err == nil {
-					tc.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\ninternet"))
-				}
+				c.Write([]byte("SSH-2.0-testworld\r\n"))
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				io.Copy(c, c)
 			}()
 		}
 	}()
