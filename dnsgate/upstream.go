@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -118,31 +117,4 @@ func (u *Upstream) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 		}
 	}
 	return nil, fmt.Errorf("upstream DNS: %w", errors.Join(errs...))
-}
-
-// LookupA resolves name's IPv4 addresses upstream, for the proxy, which
-// dials by name. The name must already be allowed by policy.
-func (u *Upstream) LookupA(ctx context.Context, name string) ([]netip.Addr, error) {
-	m := new(dns.Msg)
-	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
-	m.SetEdns0(1232, false)
-	r, err := u.Exchange(ctx, m)
-	if err != nil {
-		return nil, err
-	}
-	if r.Rcode != dns.RcodeSuccess {
-		return nil, fmt.Errorf("resolve %s: %s", name, dns.RcodeToString[r.Rcode])
-	}
-	var out []netip.Addr
-	for _, rr := range r.Answer {
-		if a, ok := rr.(*dns.A); ok {
-			if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
-				out = append(out, ip)
-			}
-		}
-	}
-	if len(out) == 0 {
-		return nil, &net.DNSError{Err: "no IPv4 address", Name: name, IsNotFound: true}
-	}
-	return out, nil
 }

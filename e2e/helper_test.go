@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,6 +71,28 @@ func TestMemberHelper(t *testing.T) {
 		}
 		wg.Wait()
 		fmt.Printf("ok %d of %d (first error: %v)\n", good, n, firstErr)
+	case "rate":
+		// rate N URL: N requests one after another, each on a new
+		// connection; prints "rate <conns/s> p50 <ms> p99 <ms>".
+		n, _ := strconv.Atoi(args[1])
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		lat := make([]time.Duration, 0, n)
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			t0 := time.Now()
+			resp, err := client.Get(args[2])
+			if err != nil {
+				fmt.Println("rate error:", err)
+				os.Exit(1)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			lat = append(lat, time.Since(t0))
+		}
+		el := time.Since(start)
+		slices.Sort(lat)
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		fmt.Printf("rate %.1f p50 %.3f p99 %.3f\n", float64(n)/el.Seconds(), ms(lat[n/2]), ms(lat[n*99/100]))
 	case "garbage":
 		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
 		if err != nil {

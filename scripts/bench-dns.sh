@@ -16,18 +16,6 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-need=()
-for b in dnsperf:dnsperf unbound:unbound dnsmasq:dnsmasq-base taskset:util-linux; do
-	command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
-done
-if [ ${#need[@]} -gt 0 ]; then
-	echo "bench-dns: installing ${need[*]}"
-	# Keep the packages' services from starting (and binding port 53).
-	printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-	rm -f /usr/sbin/policy-rc.d
-fi
-
 $GO build -o "$work/gatebench" ./internal/benchtools/gatebench
 UP=127.0.0.1:5300 GATE=5301 UNB=5302 DMQ=5303
 

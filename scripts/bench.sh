@@ -7,6 +7,19 @@ GO=${GO:-go}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 
+# Peers and load tools from Debian, installed without starting their
+# services (which would take port 53 or 80 on this host).
+need=()
+for b in dnsperf:dnsperf unbound:unbound dnsmasq:dnsmasq-base haproxy:haproxy taskset:util-linux curl:curl; do
+	command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	echo "bench: installing ${need[*]}"
+	printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	rm -f /usr/sbin/policy-rc.d
+fi
+
 echo "bench: policy decisions"
 $GO test -run '^$' -bench 'BenchmarkDecide' -benchmem -count 1 -benchtime 1s ./policy | tee "$out"
 
@@ -39,3 +52,4 @@ cpu=$(grep -m1 '^cpu:' "$out" | cut -d' ' -f2- || true)
 } > BENCHMARKS.md
 echo "bench: wrote BENCHMARKS.md"
 scripts/bench-dns.sh
+scripts/bench-proxy.sh

@@ -116,18 +116,6 @@ type sandbox struct {
 // recordsPerSandbox bounds the connection records kept in memory.
 const recordsPerSandbox = 10000
 
-// guardedResolver resolves names for the proxy through the sandbox's
-// exfiltration guard, so that connecting to made-up names under an allowed
-// wildcard carries no more out than asking the gate for them would.
-func guardedResolver(g *dnsgate.Guard, up *dnsgate.Upstream) tproxy.Resolver {
-	return func(ctx context.Context, name string) ([]netip.Addr, error) {
-		if trip, ok := g.Check(name); !ok {
-			return nil, fmt.Errorf("exfiltration guard: %s", trip.Reason)
-		}
-		return up.LookupA(ctx, name)
-	}
-}
-
 func (d *daemon) close() {
 	for i := len(d.closers) - 1; i >= 0; i-- {
 		if err := d.closers[i](); err != nil {
@@ -233,7 +221,7 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 			Policy:      pol,
 			Approvals:   broker,
 			Names:       pool,
-			Resolve:     guardedResolver(guard, upstream),
+			Resolve:     dnsgate.NewResolver(upstream, guard, nil).LookupA,
 			Members:     func(a netip.Addr) string { return netns.LeaseSource(leases, a) },
 			OnRecord:    records.Add,
 			Logger:      log,

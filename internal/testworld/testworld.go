@@ -50,7 +50,7 @@ const (
 
 // World is one test's namespaces and servers.
 type World struct {
-	t    *testing.T
+	t    testing.TB
 	id   string
 	Host string // host namespace name (airlockd runs here)
 	Inet string // internet namespace name
@@ -66,7 +66,7 @@ type World struct {
 }
 
 // New builds a world. It needs root; see testenv.Privileged.
-func New(t *testing.T) *World {
+func New(t testing.TB) *World {
 	t.Helper()
 	testenv.Privileged(t)
 	b := make([]byte, 3)
@@ -220,6 +220,19 @@ func (w *World) webServers() {
 				sni = " sni " + r.TLS.ServerName
 			}
 			w.record(fmt.Sprintf("%s %s ← %s: %s %s host %s%s", scheme, r.Context().Value(http.LocalAddrContextKey), r.RemoteAddr, r.Method, r.URL.Path, r.Host, sni))
+			if n, ok := strings.CutPrefix(r.URL.Path, "/blob/"); ok {
+				// N bytes from one buffer, as fast as the server can write.
+				size, _ := strconv.ParseInt(n, 10, 64)
+				rw.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+				for sent := int64(0); sent < size; {
+					k := min(int64(len(blob)), size-sent)
+					if _, err := rw.Write(blob[:k]); err != nil {
+						return
+					}
+					sent += k
+				}
+				return
+			}
 			if n, ok := strings.CutPrefix(r.URL.Path, "/bytes/"); ok {
 				size, _ := strconv.Atoi(n)
 				rw.Header().Set("Content-Length", strconv.Itoa(size))
@@ -256,6 +269,28 @@ func (w *World) webServers() {
 		}
 		w.t.Cleanup(func() { srv.Close() })
 	}
+}
+
+var blob = make([]byte, 1<<20)
+
+// DirectClient makes a namespace routed to the internet through the host
+// namespace without airlock (plain forwarding), for measuring the direct
+// path: it crosses the same two veths a sandbox member's traffic does. Its
+// address is 10.99.0.2; the host side is 10.99.0.1 on link "alt<id>c".
+func (w *World) DirectClient() (ns, hostLink string) {
+	w.t.Helper()
+	ns, hostLink = "alt"+w.id+"c", "alt"+w.id+"c"
+	w.ip("netns", "add", ns)
+	w.t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	w.ip("-n", ns, "link", "set", "lo", "up")
+	w.ip("link", "add", hostLink, "netns", w.Host, "type", "veth", "peer", "name", "eth0", "netns", ns)
+	w.ip("-n", w.Host, "addr", "add", "10.99.0.1/24", "dev", hostLink)
+	w.ip("-n", w.Host, "link", "set", hostLink, "up")
+	w.ip("-n", ns, "addr", "add", "10.99.0.2/24", "dev", "eth0")
+	w.ip("-n", ns, "link", "set", "eth0", "up")
+	w.ip("-n", ns, "route", "add", "default", "via", "10.99.0.1")
+	w.ip("-n", w.Inet, "route", "add", "10.99.0.0/24", "via", HostUplink)
+	return ns, hostLink
 }
 
 // bannerServer speaks first, like SSH: it sends a banner, then echoes.
@@ -304,7 +339,7 @@ func (w *World) udpLogger(addr string) {
 
 // Binaries builds airlockd and airlock once per test binary and returns
 // their directory.
-func Binaries(t *testing.T) string {
+func Binaries(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "airlock-e2e-bin-")
