@@ -30,7 +30,8 @@ type Sandbox struct {
 	path string
 	now  func() time.Time
 
-	rs atomic.Pointer[Ruleset]
+	rs         atomic.Pointer[Ruleset]
+	inspectAll atomic.Bool
 
 	// mu serialises changes and guards the following fields.
 	mu      sync.Mutex
@@ -83,6 +84,10 @@ func (s *Sandbox) Decide(q Query) Decision { return s.rs.Load().Decide(q) }
 func (s *Sandbox) DecideName(source, name string) Decision {
 	return s.rs.Load().DecideName(source, name)
 }
+
+// InspectAll reports whether the sandbox intercepts every TLS connection
+// (inspect: all), not only those that path or method rules need.
+func (s *Sandbox) InspectAll() bool { return s.inspectAll.Load() }
 
 // Spec returns a copy of the policy file's current content.
 func (s *Sandbox) Spec() Spec {
@@ -244,6 +249,7 @@ func (s *Sandbox) reloadLocked(session []*Rule) error {
 // setLocked installs a new spec and session rules and compiles them.
 func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
 	s.spec, s.session = spec, session
+	s.inspectAll.Store(spec.Inspect == InspectAll)
 	if !spec.Enabled {
 		// A disabled sandbox still cages its members: with no policy in
 		// force, nothing is allowed.

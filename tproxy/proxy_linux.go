@@ -2,11 +2,14 @@ package tproxy
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httputil"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -85,6 +88,18 @@ type Config struct {
 	// OrigDst finds a connection's original destination; nil means
 	// OriginalDst (SO_ORIGINAL_DST). Tests replace it.
 	OrigDst func(*net.TCPConn) (netip.AddrPort, error)
+	// CA mints the certificates of intercepted hosts; nil means TLS to
+	// hosts that need interception is refused.
+	CA *CA
+	// UpstreamRoots verify upstream TLS when intercepting; nil means the
+	// system roots.
+	UpstreamRoots *x509.CertPool
+	// InspectAll reports whether the sandbox intercepts every TLS
+	// connection (inspect: all); nil means only where rules need it.
+	InspectAll func() bool
+	// OnRequest receives one record per intercepted request; it must not
+	// block.
+	OnRequest func(RequestRecord)
 }
 
 // Record describes one connection, written when it ends.
@@ -121,6 +136,10 @@ type Proxy struct {
 	// mu guards conns.
 	mu    sync.Mutex
 	conns map[*net.TCPConn]*tracked
+
+	fwdOnce           sync.Once // builds the forwarders on first interception
+	fwdHTTP, fwdHTTPS *httputil.ReverseProxy
+	transport         *http.Transport
 }
 
 type tracked struct {
@@ -200,6 +219,9 @@ func (p *Proxy) Close() error {
 		}
 		p.mu.Unlock()
 		p.wg.Wait()
+		if p.transport != nil {
+			p.transport.CloseIdleConnections()
+		}
 	})
 	return err
 }
@@ -319,6 +341,8 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	if d.Rule != nil {
 		c.rec.Rule = d.Rule.Pattern.String()
 	}
+	inspect := p.cfg.InspectAll != nil && p.cfg.InspectAll()
+	approved := false
 	switch d.Verdict {
 	case policy.Allow:
 	case policy.Ask:
@@ -339,11 +363,24 @@ func (p *Proxy) handle(client *net.TCPConn) {
 			return
 		}
 		c.rec.Reason = out.Reason
+		approved = out.Rule == nil // allowed once
+		// What the person allowed may itself have path rules.
+		if p.cfg.Policy.Decide(q).Verdict == policy.NeedsL7 {
+			inspect = true
+		}
 	case policy.NeedsL7:
-		p.deny(c, "rules for this host look at paths or methods, which needs TLS interception (not in this version)", d)
-		return
+		inspect = true
 	default:
 		p.deny(c, d.Reason.String(), d)
+		return
+	}
+	if inspect && name != "" && (c.hello != nil || c.head != nil) {
+		c.rec.Reason = "intercepted: " + d.Reason.String()
+		p.bump(c, host, dst.Port(), approved)
+		return
+	}
+	if d.Verdict == policy.NeedsL7 {
+		p.deny(c, "rules for this host look at requests, but the connection is neither TLS nor HTTP", d)
 		return
 	}
 
@@ -465,7 +502,7 @@ func (p *Proxy) dial(c *conn, host string, dst netip.AddrPort, rawIP bool) (*net
 	var refused []string
 	var errs []string
 	for _, a := range addrs {
-		if why := p.ssrf(c, a, dst.Port()); why != "" {
+		if why := p.ssrf(c.rec.Source, a, dst.Port()); why != "" {
 			refused = append(refused, a.String()+" ("+why+")")
 			continue
 		}
@@ -488,7 +525,7 @@ func (p *Proxy) dial(c *conn, host string, dst netip.AddrPort, rawIP bool) (*net
 // private, CGNAT, link-local (cloud metadata), multicast, unspecified and
 // reserved addresses, and the fake pool, are refused unless a cidr: rule
 // names the address.
-func (p *Proxy) ssrf(c *conn, a netip.Addr, port uint16) string {
+func (p *Proxy) ssrf(source string, a netip.Addr, port uint16) string {
 	why := ""
 	switch {
 	case a.IsLoopback():
@@ -511,7 +548,7 @@ func (p *Proxy) ssrf(c *conn, a netip.Addr, port uint16) string {
 	if why == "" {
 		return ""
 	}
-	d := p.cfg.Policy.Decide(policy.Query{Source: c.rec.Source, Host: a.String(), Port: port})
+	d := p.cfg.Policy.Decide(policy.Query{Source: source, Host: a.String(), Port: port})
 	if d.Verdict == policy.Allow && d.Rule != nil && d.Rule.Pattern.Kind() == policy.KindCIDR {
 		return ""
 	}

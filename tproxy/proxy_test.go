@@ -40,6 +40,7 @@ var names = fakeNames{
 	netip.MustParseAddr("198.18.0.6"): "unknown.test",
 	netip.MustParseAddr("198.18.0.7"): "private.test",
 	netip.MustParseAddr("198.18.0.8"): "ssh.test",
+	netip.MustParseAddr("198.18.0.9"): "api.allowed.test",
 }
 
 func fake(name string) netip.Addr {
@@ -61,6 +62,18 @@ type upstream struct {
 }
 
 func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Upgrade") == "websocket" {
+		// Enough of a WebSocket server: switch, then echo.
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw)
+		return
+	}
 	u.mu.Lock()
 	u.seen = append(u.seen, r.Host+" "+r.URL.Path)
 	u.seenAt = append(u.seenAt, time.Now())
@@ -75,7 +88,7 @@ func (u *upstream) requests() []string {
 }
 
 func startUpstream(t *testing.T) *upstream {
-	ca, leaf, err := testcerts.New([]string{"allowed.test", "unknown.test", "other.test"}, nil)
+	ca, leaf, err := testcerts.New([]string{"allowed.test", "unknown.test", "other.test", "api.allowed.test"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,6 +175,13 @@ func (h *harness) curl(t *testing.T, scheme, host string, port uint16, extra ...
 	args = append(args, extra...)
 	args = append(args, fmt.Sprintf("%s://%s:%d/", scheme, host, port))
 	out, err := exec.Command("curl", args...).CombinedOutput()
+	return string(out), err
+}
+
+// curlPath fetches https://host:port/path through the proxy, trusting caFile.
+func (h *harness) curlPath(t *testing.T, caFile, host string, port uint16, path string) (string, error) {
+	out, err := exec.Command("curl", "-sS", "-m", "10", "--connect-to", fmt.Sprintf("%s:%d:%s", host, port, h.proxy.Addr()),
+		"--cacert", caFile, fmt.Sprintf("https://%s:%d%s", host, port, path)).CombinedOutput()
 	return string(out), err
 }
 

@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -107,10 +108,12 @@ type daemon struct {
 
 // sandbox is what the daemon keeps of a running sandbox for the API.
 type sandbox struct {
-	name    string
-	policy  *policy.Sandbox
-	broker  *policy.Broker
-	records *ring.Ring[tproxy.Record]
+	name     string
+	policy   *policy.Sandbox
+	broker   *policy.Broker
+	records  *ring.Ring[tproxy.Record]
+	requests *ring.Ring[tproxy.RequestRecord]
+	ca       *tproxy.CA
 }
 
 // recordsPerSandbox bounds the connection records kept in memory.
@@ -174,6 +177,10 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 	if err != nil {
 		return d, err
 	}
+	roots, err := upstreamRoots(cfg.UpstreamCAFile)
+	if err != nil {
+		return d, err
+	}
 	for i, sb := range cfg.Sandboxes {
 		n := nets[i]
 		pol, err := policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy})
@@ -215,17 +222,26 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 			return d, err
 		}
 		records := ring.New[tproxy.Record](recordsPerSandbox)
+		requests := ring.New[tproxy.RequestRecord](recordsPerSandbox)
+		ca, err := tproxy.LoadOrCreateCA(filepath.Join(cfg.StateDir, "ca", sb.Name), sb.Name)
+		if err != nil {
+			return d, err
+		}
 		proxy, err := tproxy.New(tproxy.Config{
-			Sandbox:     sb.Name,
-			Listen:      netip.AddrPortFrom(n.Gateway, cfg.ProxyPort),
-			Policy:      pol,
-			Approvals:   broker,
-			Names:       pool,
-			Resolve:     dnsgate.NewResolver(upstream, guard, nil).LookupA,
-			Members:     func(a netip.Addr) string { return netns.LeaseSource(leases, a) },
-			OnRecord:    records.Add,
-			Logger:      log,
-			ApprovalURL: "http://" + cfg.APIListen + "/",
+			Sandbox:       sb.Name,
+			Listen:        netip.AddrPortFrom(n.Gateway, cfg.ProxyPort),
+			Policy:        pol,
+			Approvals:     broker,
+			Names:         pool,
+			Resolve:       dnsgate.NewResolver(upstream, guard, nil).LookupA,
+			Members:       func(a netip.Addr) string { return netns.LeaseSource(leases, a) },
+			OnRecord:      records.Add,
+			OnRequest:     requests.Add,
+			CA:            ca,
+			UpstreamRoots: roots,
+			InspectAll:    pol.InspectAll,
+			Logger:        log,
+			ApprovalURL:   "http://" + cfg.APIListen + "/",
 		})
 		if err != nil {
 			return d, err
@@ -234,12 +250,32 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 			return d, err
 		}
 		d.closers = append(d.closers, proxy.Close)
-		d.sandboxes = append(d.sandboxes, &sandbox{name: sb.Name, policy: pol, broker: broker, records: records})
+		d.sandboxes = append(d.sandboxes, &sandbox{name: sb.Name, policy: pol, broker: broker, records: records, requests: requests, ca: ca})
 		log.Info("sandbox ready", "sandbox", sb.Name, "bridge", n.Bridge, "subnet", n.Subnet.String(),
 			"gate", n.Gateway.String()+":53", "policy", sb.Policy, "rules", len(pol.Rules()))
 	}
 	log.Info("airlockd ready", "config", cfg.Path, "upstream_dns", servers, "sandboxes", len(cfg.Sandboxes))
 	return d, nil
+}
+
+// upstreamRoots are the system roots plus the certificates in file (the
+// config's upstream_ca_file), which verify upstream TLS when intercepting.
+func upstreamRoots(file string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if file == "" {
+		return pool, nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("upstream_ca_file: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("upstream_ca_file %s holds no PEM certificate", file)
+	}
+	return pool, nil
 }
 
 // teardownAll removes the table, the bridges of configured sandboxes and of

@@ -1,0 +1,413 @@
+package tproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/airlockhq/airlock/policy"
+)
+
+// RequestRecord describes one intercepted HTTP request, written when its
+// response is done.
+type RequestRecord struct {
+	ConnID   uint64 // the connection's Record.ID
+	Time     time.Time
+	Sandbox  string
+	Source   string
+	Method   string
+	URL      string // scheme://host[:port]/path?query
+	Host     string
+	Proto    string // HTTP/1.1 or HTTP/2.0
+	Status   int    // 0 when no response was sent
+	Verdict  string // "allow" or "deny"
+	Rule     string
+	Reason   string
+	ReqBytes int64
+	ResBytes int64
+	TTFB     time.Duration // until the response head
+	Duration time.Duration
+	Headers  http.Header // request headers, credentials masked as ***
+	LLM      bool
+}
+
+// bump terminates the client's TLS (or takes its plain HTTP) and serves it
+// request by request: each request is checked (Host against the name the
+// connection was decided for, then method and path against policy) and
+// forwarded upstream by that name.
+func (p *Proxy) bump(c *conn, host string, port uint16, approved bool) {
+	var client net.Conn = &prefixConn{TCPConn: c.client, r: io.MultiReader(bytes.NewReader(c.peeked), c.client)}
+	scheme, proto := "http", "http/1.1"
+	if c.hello != nil {
+		if p.cfg.CA == nil {
+			p.reset(c, "interception needed but this sandbox has no CA")
+			return
+		}
+		scheme = "https"
+		var alpn []string
+		for _, a := range c.hello.ALPN {
+			if a == "h2" || a == "http/1.1" {
+				alpn = append(alpn, a)
+			}
+		}
+		tc := tls.Server(client, &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			NextProtos: alpn,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				return p.cfg.CA.Leaf(host)
+			},
+		})
+		tc.SetDeadline(time.Now().Add(p.cfg.PeekTimeout))
+		if err := tc.Handshake(); err != nil {
+			c.rec.Verdict, c.rec.Close = "allow", "client TLS handshake failed (does the client trust the sandbox CA?): "+err.Error()
+			return
+		}
+		tc.SetDeadline(time.Time{})
+		if tc.ConnectionState().NegotiatedProtocol == "h2" {
+			proto = "h2"
+		}
+		client = tc
+	}
+	c.rec.Verdict = "allow"
+	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme, approved: approved}
+	if proto == "h2" {
+		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(client, &http2.ServeConnOpts{
+			Context: p.ctx,
+			Handler: h,
+		})
+	} else {
+		done := make(chan struct{})
+		l := &oneConnListener{conn: &closeNotifyConn{Conn: client, done: done}, done: done}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: p.cfg.PeekTimeout, IdleTimeout: p.cfg.IdleTimeout,
+			ErrorLog: log.New(io.Discard, "", 0), BaseContext: func(net.Listener) context.Context { return p.ctx }}
+		srv.Serve(l)
+	}
+	h.mu.Lock()
+	c.rec.Close = fmt.Sprintf("intercepted, %d requests", h.requests)
+	h.mu.Unlock()
+}
+
+type bumpHandler struct {
+	p      *Proxy
+	c      *conn
+	host   string
+	port   uint16
+	scheme string
+	// approved: a person allowed this connection once; its requests that
+	// no rule decides are not asked about again.
+	approved bool
+
+	mu       sync.Mutex // guards requests
+	requests int
+}
+
+func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	h.requests++
+	h.mu.Unlock()
+	start := time.Now()
+	authority := h.host
+	if !(h.scheme == "https" && h.port == 443) && !(h.scheme == "http" && h.port == 80) {
+		authority += ":" + strconv.Itoa(int(h.port))
+	}
+	rec := RequestRecord{
+		ConnID: h.c.rec.ID, Time: start, Sandbox: h.p.cfg.Sandbox, Source: h.c.rec.Source,
+		Method: r.Method, URL: h.scheme + "://" + authority + r.URL.RequestURI(), Host: h.host,
+		Proto: r.Proto, Verdict: "deny", Headers: sanitizeHeaders(r.Header), LLM: h.c.rec.LLM,
+	}
+	rw := &recordingWriter{ResponseWriter: w, start: start}
+	body := &countingBody{ReadCloser: r.Body}
+	r.Body = body
+	defer func() {
+		rec.Status, rec.ResBytes, rec.TTFB = rw.status, rw.n, rw.ttfb
+		rec.ReqBytes, rec.Duration = body.n, time.Since(start)
+		h.p.finishRequest(rec)
+	}()
+
+	// The request must be for the host the connection was decided for:
+	// anything else is domain fronting.
+	reqHost := stripPort(r.Host)
+	if n, err := policy.NormalizeHost(reqHost); err != nil || n != h.host {
+		rec.Reason = fmt.Sprintf("request for %q on a connection for %s (domain fronting)", r.Host, h.host)
+		h.forbid(rw, r, &rec)
+		return
+	}
+	d := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, Path: r.URL.RequestURI()})
+	if d.Rule != nil {
+		rec.Rule = d.Rule.Pattern.String()
+	}
+	switch d.Verdict {
+	case policy.Allow:
+		rec.Reason = d.Reason.String()
+	case policy.Ask:
+		if h.approved {
+			rec.Reason = "the connection was approved once"
+			break
+		}
+		if h.p.cfg.Approvals == nil {
+			rec.Reason = "no rule matched and nobody can be asked"
+			h.forbid(rw, r, &rec)
+			return
+		}
+		out := h.p.cfg.Approvals.Ask(r.Context(), policy.AskRequest{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, URL: rec.URL})
+		if out.Rule != nil {
+			rec.Rule = out.Rule.Pattern.String()
+		}
+		rec.Reason = out.Reason
+		if !out.Allowed {
+			h.forbid(rw, r, &rec)
+			return
+		}
+	default:
+		rec.Reason = d.Reason.String()
+		h.forbid(rw, r, &rec)
+		return
+	}
+	rec.Verdict = "allow"
+	ctx := context.WithValue(r.Context(), sourceKey{}, rec.Source)
+	// The upstream is the connection's name and port, whatever the Host
+	// header's spelling or (missing) port.
+	ctx = context.WithValue(ctx, targetKey{}, net.JoinHostPort(h.host, strconv.Itoa(int(h.port))))
+	h.p.forwarder(h.scheme).ServeHTTP(rw, r.WithContext(ctx))
+}
+
+// forbid answers 403 with a body that says what was blocked and how to
+// allow it.
+func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *RequestRecord) {
+	rule := rec.Rule
+	if rule == "" {
+		rule = "none"
+	}
+	suggest := h.host + r.URL.Path
+	body := fmt.Sprintf("airlock blocked this request.\n\nsandbox: %s\nsource:  %s\nrequest: %s %s\nreason:  %s\nrule:    %s\n\nTo allow it, approve it on airlock's page%s\nor add a rule to the sandbox's policy file, such as:\n  - pattern: %q\n",
+		h.p.cfg.Sandbox, rec.Source, r.Method, rec.URL, rec.Reason, rule, approvalHint(h.p.cfg.ApprovalURL), r.Method+" "+suggest)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Airlock-Verdict", "deny")
+	w.WriteHeader(http.StatusForbidden)
+	io.WriteString(w, body)
+}
+
+type (
+	sourceKey struct{}
+	targetKey struct{}
+)
+
+// forwarder returns the reverse proxy for a scheme, built once: it sends
+// each request to the connection's host, by name, through the SSRF guard,
+// verifying upstream TLS against the system roots and upstream_ca_file.
+func (p *Proxy) forwarder(scheme string) *httputil.ReverseProxy {
+	p.fwdOnce.Do(func() {
+		tr := &http.Transport{
+			DialContext:           p.dialUpstream,
+			TLSClientConfig:       &tls.Config{RootCAs: p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
+			ForceAttemptHTTP2:     true,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   p.cfg.ConnectTimeout,
+			ResponseHeaderTimeout: 0, // LLM APIs may think for minutes
+		}
+		p.transport = tr
+		mk := func(scheme string) *httputil.ReverseProxy {
+			return &httputil.ReverseProxy{
+				Rewrite: func(pr *httputil.ProxyRequest) {
+					pr.Out.URL.Scheme = scheme
+					pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
+					pr.Out.Host = pr.In.Host // checked to name the connection's host
+				},
+				Transport:     tr,
+				FlushInterval: -1, // stream: SSE and LLM token streams
+				ErrorLog:      log.New(io.Discard, "", 0),
+				ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+					w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+					w.Header().Set("X-Airlock-Verdict", "upstream-error")
+					w.WriteHeader(http.StatusBadGateway)
+					fmt.Fprintf(w, "airlock could not get %s from the upstream: %v\n", r.URL.String(), explainUpstream(err))
+				},
+			}
+		}
+		p.fwdHTTP, p.fwdHTTPS = mk("http"), mk("https")
+	})
+	if scheme == "https" {
+		return p.fwdHTTPS
+	}
+	return p.fwdHTTP
+}
+
+func explainUpstream(err error) error {
+	var uerr x509.UnknownAuthorityError
+	var herr x509.HostnameError
+	switch {
+	case errors.As(err, &uerr):
+		return fmt.Errorf("the upstream's certificate is not signed by a trusted CA (add its CA to upstream_ca_file if it is yours): %w", err)
+	case errors.As(err, &herr):
+		return fmt.Errorf("the upstream's certificate is not valid for this host name: %w", err)
+	}
+	return err
+}
+
+// dialUpstream is the Transport's dialer: addr is the connection's checked
+// name and port; it is resolved upstream and every address passes the SSRF
+// guard.
+func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	port, _ := strconv.Atoi(portStr)
+	source, _ := ctx.Value(sourceKey{}).(string)
+	addrs, err := p.cfg.Resolve(ctx, host)
+	if err != nil {
+		return nil, fmt.Errorf("resolve %s: %w", host, err)
+	}
+	var errs []string
+	for _, a := range addrs {
+		if why := p.ssrf(source, a, uint16(port)); why != "" {
+			errs = append(errs, a.String()+" refused by the SSRF guard ("+why+")")
+			continue
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(a, uint16(port)).String())
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err.Error())
+	}
+	return nil, fmt.Errorf("connect to %s: %s", addr, strings.Join(errs, "; "))
+}
+
+func (p *Proxy) finishRequest(r RequestRecord) {
+	level := slog.LevelInfo
+	if r.Verdict == "allow" {
+		level = slog.LevelDebug
+	}
+	p.log.Log(context.Background(), level, "request", "source", r.Source, "host", r.Host, "method", r.Method, "url", r.URL,
+		"status", r.Status, "verdict", r.Verdict, "rule", r.Rule, "reason", r.Reason,
+		"req_bytes", r.ReqBytes, "res_bytes", r.ResBytes, "ttfb", r.TTFB.Round(time.Microsecond),
+		"duration", r.Duration.Round(time.Microsecond))
+	if p.cfg.OnRequest != nil {
+		p.cfg.OnRequest(r)
+	}
+}
+
+// sensitive header names: credentials are masked in records.
+var sensitiveHeaders = []string{"authorization", "proxy-authorization", "cookie", "set-cookie"}
+
+func sanitizeHeaders(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		lk := strings.ToLower(k)
+		if slices.Contains(sensitiveHeaders, lk) || strings.Contains(lk, "key") || strings.Contains(lk, "token") ||
+			strings.Contains(lk, "secret") || strings.Contains(lk, "auth") || strings.Contains(lk, "session") ||
+			strings.Contains(lk, "password") || strings.Contains(lk, "signature") {
+			masked := make([]string, len(v))
+			for i := range masked {
+				masked[i] = "***"
+			}
+			out[k] = masked
+			continue
+		}
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// recordingWriter notes the status, the time of the response head and the
+// body size. Unwrap lets http.ResponseController reach Flush and Hijack
+// (WebSocket upgrades).
+type recordingWriter struct {
+	http.ResponseWriter
+	start  time.Time
+	status int
+	ttfb   time.Duration
+	n      int64
+}
+
+func (w *recordingWriter) WriteHeader(code int) {
+	if w.status == 0 || code >= 200 && w.status < 200 {
+		w.status, w.ttfb = code, time.Since(w.start)
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *recordingWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status, w.ttfb = http.StatusOK, time.Since(w.start)
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
+}
+
+func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *recordingWriter) Flush() {
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	return n, err
+}
+
+// prefixConn replays the peeked bytes before the rest of the connection.
+type prefixConn struct {
+	*net.TCPConn
+	r io.Reader
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// oneConnListener hands out one connection, then blocks until it is closed,
+// so that http.Server serves it to the end.
+type oneConnListener struct {
+	conn net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() { c = l.conn })
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error   { return nil }
+func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
+
+type closeNotifyConn struct {
+	net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func (c *closeNotifyConn) Close() error {
+	c.once.Do(func() { close(c.done) })
+	return c.Conn.Close()
+}

@@ -1,0 +1,159 @@
+package tproxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/policy"
+)
+
+// newBumpHarness is newHarness with a sandbox CA and the upstream's CA
+// trusted upstream.
+func newBumpHarness(t *testing.T, up *upstream, dst netip.AddrPort, policyYAML string) (*harness, *CA) {
+	ca, err := LoadOrCreateCA(filepath.Join(t.TempDir(), "ca"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	pem, _ := os.ReadFile(up.caFile)
+	roots.AppendCertsFromPEM(pem)
+	h := newHarness(t, up, dst, policyYAML, func(c *Config) {
+		c.CA, c.UpstreamRoots = ca, roots
+	})
+	return h, ca
+}
+
+func TestBumpHeldRequestAllowPatternPersist(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
+	curl := func(path string) (string, error) {
+		return h.curlPath(t, ca.CertFile(), "api.allowed.test", port, path)
+	}
+	if out, err := curl("/v1/x"); err != nil || out != "internet" {
+		t.Fatalf("/v1/x: %v %q", err, out)
+	}
+	// /v2/x is held, as a request, with its full URL.
+	done := make(chan string, 1)
+	go func() { o, _ := curl("/v2/x"); done <- o }()
+	var p []policy.Pending
+	for deadline := time.Now().Add(5 * time.Second); len(p) == 0; p = h.broker.List() {
+		if time.Now().After(deadline) {
+			t.Fatal("no pending approval for /v2/x")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if want := fmt.Sprintf("https://api.allowed.test:%d/v2/x", port); p[0].URL != want || p[0].Method != "GET" {
+		t.Errorf("pending = %+v, want GET %s", p[0], want)
+	}
+	pattern := fmt.Sprintf("api.allowed.test:%d/v2/*", port)
+	if _, err := h.broker.Decide(p[0].ID, policy.Choice{Action: policy.ResolveAllowPattern, Pattern: pattern, Persist: true}); err != nil {
+		t.Fatal(err)
+	}
+	if out := <-done; out != "internet" {
+		t.Errorf("held request after allow_pattern: %q", out)
+	}
+	file, _ := os.ReadFile(h.sandbox.Path())
+	if !strings.Contains(string(file), pattern) {
+		t.Errorf("pattern not saved:\n%s", file)
+	}
+	// The next request needs no approval.
+	if out, err := curl("/v2/y"); err != nil || out != "internet" || len(h.broker.List()) != 0 {
+		t.Errorf("/v2/y: %v %q, pending %v", err, out, h.broker.List())
+	}
+	time.Sleep(50 * time.Millisecond)
+	h.mu.Lock()
+	n := len(h.records)
+	h.mu.Unlock()
+	if n != 3 {
+		t.Errorf("%d connection records, want 3", n)
+	}
+}
+
+func TestBumpSanitizedHeaders(t *testing.T) {
+	hdr := http.Header{"Authorization": {"Bearer sk-secret"}, "X-Api-Key": {"k"}, "Cookie": {"a=b"},
+		"X-Goog-Api-Key": {"g"}, "Anthropic-Version": {"2023-06-01"}, "Accept": {"*/*"}}
+	got := sanitizeHeaders(hdr)
+	for _, k := range []string{"Authorization", "X-Api-Key", "Cookie", "X-Goog-Api-Key"} {
+		if got.Get(k) != "***" {
+			t.Errorf("%s = %q, want ***", k, got.Get(k))
+		}
+	}
+	if got.Get("Accept") != "*/*" || got.Get("Anthropic-Version") != "2023-06-01" {
+		t.Errorf("harmless headers changed: %v", got)
+	}
+	if hdr.Get("Authorization") != "Bearer sk-secret" {
+		t.Error("sanitizing changed the request's own headers")
+	}
+}
+
+func TestBumpForwardsToTheDecidedPort(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
+	// Host without the port: the request must still go to the port the
+	// connection was made to and decided for, not to 443.
+	out, err := exec.Command("curl", "-sS", "-m", "10", "-H", "Host: api.allowed.test",
+		"--connect-to", fmt.Sprintf("api.allowed.test:%d:%s", port, h.proxy.Addr()), "--cacert", ca.CertFile(),
+		fmt.Sprintf("https://api.allowed.test:%d/v1/x", port)).CombinedOutput()
+	if err != nil || string(out) != "internet" {
+		t.Errorf("Host without port: %v %q", err, out)
+	}
+}
+
+func TestBumpWebSocketPassesAfterItsRequestIsChecked(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	dial := func(path string) (string, *tls.Conn, *bufio.Reader) {
+		c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: api.allowed.test:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", path, port)
+		r := bufio.NewReader(c)
+		status, _ := r.ReadString('\n')
+		return status, c, r
+	}
+	status, c, r := dial("/v1/ws")
+	defer c.Close()
+	if !strings.Contains(status, "101") {
+		t.Fatalf("allowed upgrade: %q", status)
+	}
+	// Skip the rest of the 101 head, then echo through the tunnel.
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil || l == "\r\n" {
+			break
+		}
+	}
+	c.Write([]byte("ping"))
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(r, got); err != nil || string(got) != "ping" {
+		t.Errorf("echo through the upgraded connection: %q %v", got, err)
+	}
+	// An upgrade to a path no rule allows is refused before it reaches the
+	// upstream.
+	if status, c2, _ := dial("/v2/ws"); !strings.Contains(status, "403") {
+		t.Errorf("upgrade to /v2/ws: %q", status)
+	} else {
+		c2.Close()
+	}
+}
