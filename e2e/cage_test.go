@@ -17,14 +17,16 @@ import (
 const (
 	sbA      = "sba"
 	sbB      = "sbb"
+	sbC      = "sbc"
 	exfilCap = 10
 )
 
-// setup builds a world and an airlockd with two sandboxes: sba asks (2 s)
+// setup builds a world and an airlockd with three sandboxes: sba asks (2 s)
 // for unknown hosts and allows allowed.test, *.exfil.test, private.test,
 // metadata.test and ssh.test; sbb denies unknown hosts and allows
 // cidr:203.0.113.10/32, private.test with cidr:10.255.0.1/32, and
-// ssh.test:22.
+// ssh.test:22; sbc denies unknown hosts and intercepts api.allowed.test
+// (GET or any method under /v1/) and badcert.test.
 func setup(t *testing.T) (*testworld.World, string, *testworld.Daemon) {
 	w := testworld.New(t)
 	policyA := filepath.Join(w.Dir, "app.yaml")
@@ -50,11 +52,22 @@ sandbox:
       - pattern: "cidr:10.255.0.1/32"
       - pattern: "ssh.test:22"
 `)
+	policyC := filepath.Join(w.Dir, "c.yaml")
+	write(t, policyC, `sandbox:
+  unknown_action: deny
+  network_allowlist:
+    user:
+      - pattern: allowed.test
+      - pattern: "api.allowed.test/v1/*"
+      - pattern: "GET api.allowed.test/repos/*"
+      - pattern: "badcert.test/x/*"
+`)
 	cfg := filepath.Join(w.Dir, "airlockd.yaml")
 	write(t, cfg, fmt.Sprintf(`api_listen: 127.0.0.1:7433
 state_dir: %[1]s/state
 run_dir: %[1]s/run
 upstream_dns: ["%[2]s:53"]
+upstream_ca_file: %[8]s
 exfil:
   max_subdomains_per_minute: %[3]d
 sandboxes:
@@ -64,7 +77,10 @@ sandboxes:
   - name: %[6]s
     subnet: 10.88.1.0/24
     policy: %[7]s
-`, w.Dir, testworld.DNSAddr, exfilCap, sbA, policyA, sbB, policyB))
+  - name: %[9]s
+    subnet: 10.88.2.0/24
+    policy: %[10]s
+`, w.Dir, testworld.DNSAddr, exfilCap, sbA, policyA, sbB, policyB, w.CAFile, sbC, policyC))
 	d := w.StartDaemon(cfg)
 	return w, cfg, d
 }

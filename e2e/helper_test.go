@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -93,6 +95,45 @@ func TestMemberHelper(t *testing.T) {
 		slices.Sort(lat)
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		fmt.Printf("rate %.1f p50 %.3f p99 %.3f\n", float64(n)/el.Seconds(), ms(lat[n/2]), ms(lat[n*99/100]))
+	case "keepalive":
+		// keepalive h1|h2 C N URL: C workers, each on one kept-alive
+		// connection, share N requests; prints "rps <requests/s>". Trusts
+		// SSL_CERT_FILE.
+		c, _ := strconv.Atoi(args[2])
+		n, _ := strconv.Atoi(args[3])
+		tr := &http.Transport{MaxConnsPerHost: c, MaxIdleConnsPerHost: c, ForceAttemptHTTP2: args[1] == "h2"}
+		if args[1] == "h1" {
+			tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		}
+		client := &http.Client{Timeout: 30 * time.Second, Transport: tr}
+		var next atomic.Int64
+		var failed atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < c; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= int64(n) {
+					resp, err := client.Get(args[4])
+					if err != nil {
+						failed.Add(1)
+						continue
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						failed.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if f := failed.Load(); f > 0 {
+			fmt.Printf("keepalive: %d of %d failed\n", f, n)
+			os.Exit(1)
+		}
+		fmt.Printf("rps %.1f\n", float64(n)/time.Since(start).Seconds())
 	case "garbage":
 		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
 		if err != nil {

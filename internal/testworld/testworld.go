@@ -97,6 +97,7 @@ func New(t testing.TB) *World {
 
 	w.DNS = &dnsgatetest.Server{
 		A: map[string]string{"allowed.test": WebAddr, "other.test": WebAddr, "ssh.test": WebAddr,
+			"api.allowed.test": WebAddr, "badcert.test": WebAddr,
 			"private.test": Private, "metadata.test": Metadata, "decoy.test": DecoyAddr},
 		TXT: map[string]string{"allowed.test": "v=allowed", "unknown.test": "v=secret"},
 	}
@@ -197,13 +198,15 @@ func (w *World) tcpLogger(addr string) {
 	}()
 }
 
-// webServers serves HTTP on WebAddr:80 and HTTPS on WebAddr:443 with a
-// certificate from a fresh test CA (ECDSA P-256) for allowed.test,
-// other.test and WebAddr, writes the CA to w.CAFile, and logs every request
+// webServers serves HTTP on WebAddr:80 and HTTPS on WebAddr:443 (HTTP/1.1
+// and HTTP/2) with a certificate from a fresh test CA (ECDSA P-256) for
+// allowed.test, api.allowed.test, other.test and WebAddr (not badcert.test), writes the CA to w.CAFile, and logs every request
 // with its Host. "/" answers "internet"; "/bytes/N" answers N bytes, byte i
-// being i%251.
+// being i%251; any path ending in "/blob/N" answers N bytes as fast as it
+// can.
 func (w *World) webServers() {
-	ca, leaf, err := testcerts.New([]string{"allowed.test", "other.test"}, []net.IP{net.ParseIP(WebAddr)})
+	// badcert.test resolves here too, but the certificate does not name it.
+	ca, leaf, err := testcerts.New([]string{"allowed.test", "api.allowed.test", "other.test"}, []net.IP{net.ParseIP(WebAddr)})
 	if err != nil {
 		w.t.Errorf("test certificates: %v", err)
 		return
@@ -220,7 +223,8 @@ func (w *World) webServers() {
 				sni = " sni " + r.TLS.ServerName
 			}
 			w.record(fmt.Sprintf("%s %s ← %s: %s %s host %s%s", scheme, r.Context().Value(http.LocalAddrContextKey), r.RemoteAddr, r.Method, r.URL.Path, r.Host, sni))
-			if n, ok := strings.CutPrefix(r.URL.Path, "/blob/"); ok {
+			if i := strings.Index(r.URL.Path, "/blob/"); i >= 0 {
+				n := r.URL.Path[i+len("/blob/"):]
 				// N bytes from one buffer, as fast as the server can write.
 				size, _ := strconv.ParseInt(n, 10, 64)
 				rw.Header().Set("Content-Length", strconv.FormatInt(size, 10))
