@@ -157,3 +157,24 @@ func TestBumpWebSocketPassesAfterItsRequestIsChecked(t *testing.T) {
 		c2.Close()
 	}
 }
+
+func TestBumpUntrustedUpstreamIs502(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	ca, err := LoadOrCreateCA(filepath.Join(t.TempDir(), "ca"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Upstream roots that do not include the upstream's CA.
+	h := newHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port), rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)), func(c *Config) {
+		c.CA, c.UpstreamRoots = ca, x509.NewCertPool()
+	})
+	out, _ := exec.Command("curl", "-sS", "-m", "10", "-w", "\n%{http_code}", "--connect-to", fmt.Sprintf("api.allowed.test:%d:%s", port, h.proxy.Addr()),
+		"--cacert", ca.CertFile(), fmt.Sprintf("https://api.allowed.test:%d/v1/x", port)).CombinedOutput()
+	if !strings.HasSuffix(string(out), "\n502") || !strings.Contains(string(out), "not signed by a trusted CA") {
+		t.Errorf("untrusted upstream: %q", out)
+	}
+	if len(up.requests()) != 0 {
+		t.Errorf("the request reached an unverified upstream: %v", up.requests())
+	}
+}
