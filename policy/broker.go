@@ -319,7 +319,7 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.releaseAllowed()
+		b.ReleaseAllowed()
 		// The chosen pattern may not cover the asking host (a person may
 		// pick any pattern); this approval is still answered yes once.
 		b.resolve(ps, Outcome{Allowed: true, Rule: r, Reason: "approved by pattern " + r.Pattern.String()}, "allow_pattern", r)
@@ -328,9 +328,9 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 	return nil, fmt.Errorf("decide %s: unknown action %v", id, c.Action)
 }
 
-// releaseAllowed lets through every pending approval the sandbox's rules
+// ReleaseAllowed lets through every pending approval the sandbox's rules
 // now allow.
-func (b *Broker) releaseAllowed() {
+func (b *Broker) ReleaseAllowed() {
 	b.mu.Lock()
 	var allowed []*pendingState
 	var rules []*Rule

@@ -167,6 +167,13 @@ func (ca *CA) writeBundle() error {
 	return writeFileAtomic(ca.BundleFile(), bundle, 0o644)
 }
 
+// CacheLen returns how many leaf certificates are cached.
+func (ca *CA) CacheLen() int {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	return ca.lru.Len()
+}
+
 // CertPEM returns the CA certificate in PEM.
 func (ca *CA) CertPEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.certDER})

@@ -226,6 +226,9 @@ func (p *Proxy) Close() error {
 	return err
 }
 
+// Active returns how many connections the proxy holds open.
+func (p *Proxy) Active() int { return p.active() }
+
 func (p *Proxy) active() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -15,17 +15,22 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vishvananda/netlink"
 
 	"github.com/airlockhq/airlock/dnsgate"
+	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/internal/config"
-	"github.com/airlockhq/airlock/internal/ring"
+	"github.com/airlockhq/airlock/internal/metrics"
 	"github.com/airlockhq/airlock/netns"
 	"github.com/airlockhq/airlock/policy"
 	"github.com/airlockhq/airlock/tproxy"
+	"github.com/airlockhq/airlock/ui"
 )
 
 func main() {
@@ -104,20 +109,34 @@ type daemon struct {
 	log       *slog.Logger
 	closers   []func() error
 	sandboxes []*sandbox
+	api       *ui.Server
 }
 
-// sandbox is what the daemon keeps of a running sandbox for the API.
+// sandbox is a running sandbox, as the API sees it.
 type sandbox struct {
-	name     string
-	policy   *policy.Sandbox
-	broker   *policy.Broker
-	records  *ring.Ring[tproxy.Record]
-	requests *ring.Ring[tproxy.RequestRecord]
-	ca       *tproxy.CA
+	name    string
+	subnet  string
+	policy  *policy.Sandbox
+	broker  *policy.Broker
+	journal *audit.Journal
+	ca      *tproxy.CA
+	proxy   *tproxy.Proxy
 }
 
-// recordsPerSandbox bounds the connection records kept in memory.
-const recordsPerSandbox = 10000
+func (s *sandbox) Name() string            { return s.name }
+func (s *sandbox) Subnet() string          { return s.subnet }
+func (s *sandbox) Policy() *policy.Sandbox { return s.policy }
+func (s *sandbox) Broker() *policy.Broker  { return s.broker }
+func (s *sandbox) Journal() *audit.Journal { return s.journal }
+func (s *sandbox) CAPEM() []byte           { return s.ca.CertPEM() }
+
+func (d *daemon) uiSandboxes() []ui.Sandbox {
+	out := make([]ui.Sandbox, len(d.sandboxes))
+	for i, s := range d.sandboxes {
+		out[i] = s
+	}
+	return out
+}
 
 func (d *daemon) close() {
 	for i := len(d.closers) - 1; i >= 0; i-- {
@@ -177,6 +196,9 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 	if err != nil {
 		return d, err
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mets := metrics.New(reg)
 	roots, err := upstreamRoots(cfg.UpstreamCAFile)
 	if err != nil {
 		return d, err
@@ -195,6 +217,15 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 		if err != nil {
 			return d, err
 		}
+		journal, err := audit.Open(audit.Config{Dir: filepath.Join(cfg.StateDir, "audit", sb.Name)})
+		if err != nil {
+			return d, err
+		}
+		d.closers = append(d.closers, journal.Close)
+		record := func(e audit.Entry) {
+			e.Sandbox = sb.Name
+			mets.Observe(journal.Add(e))
+		}
 		leases := cfg.LeaseDir(sb.Name)
 		gate, err := dnsgate.New(dnsgate.Config{
 			Sandbox:  sb.Name,
@@ -205,6 +236,7 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 			Upstream: upstream,
 			Guard:    guard,
 			Members:  func(a netip.Addr) string { return netns.LeaseSource(leases, a) },
+			OnEvent:  func(e dnsgate.Event) { record(dnsEntry(e)) },
 			Logger:   log,
 		})
 		if err != nil {
@@ -217,12 +249,11 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 		broker, err := policy.NewBroker(policy.BrokerConfig{Sandbox: pol, OnEvent: func(e policy.BrokerEvent) {
 			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
 				"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting)
+			record(approvalEntry(e))
 		}})
 		if err != nil {
 			return d, err
 		}
-		records := ring.New[tproxy.Record](recordsPerSandbox)
-		requests := ring.New[tproxy.RequestRecord](recordsPerSandbox)
 		ca, err := tproxy.LoadOrCreateCA(filepath.Join(cfg.StateDir, "ca", sb.Name), sb.Name)
 		if err != nil {
 			return d, err
@@ -235,8 +266,8 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 			Names:         pool,
 			Resolve:       dnsgate.NewResolver(upstream, guard, nil).LookupA,
 			Members:       func(a netip.Addr) string { return netns.LeaseSource(leases, a) },
-			OnRecord:      records.Add,
-			OnRequest:     requests.Add,
+			OnRecord:      func(r tproxy.Record) { record(connEntry(r)) },
+			OnRequest:     func(r tproxy.RequestRecord) { record(requestEntry(r)) },
 			CA:            ca,
 			UpstreamRoots: roots,
 			InspectAll:    pol.InspectAll,
@@ -250,12 +281,43 @@ func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, 
 			return d, err
 		}
 		d.closers = append(d.closers, proxy.Close)
-		d.sandboxes = append(d.sandboxes, &sandbox{name: sb.Name, policy: pol, broker: broker, records: records, requests: requests, ca: ca})
+		d.sandboxes = append(d.sandboxes, &sandbox{name: sb.Name, subnet: n.Subnet.String(), policy: pol, broker: broker, journal: journal, ca: ca, proxy: proxy})
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_pending_approvals", Help: "Approvals waiting for a person.", ConstLabels: prometheus.Labels{"sandbox": sb.Name}},
+				func() float64 { return float64(len(broker.List())) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_open_connections", Help: "Connections the proxy holds open.", ConstLabels: prometheus.Labels{"sandbox": sb.Name}},
+				func() float64 { return float64(proxy.Active()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_cert_cache_entries", Help: "Cached leaf certificates.", ConstLabels: prometheus.Labels{"sandbox": sb.Name}},
+				func() float64 { return float64(ca.CacheLen()) }),
+		)
 		log.Info("sandbox ready", "sandbox", sb.Name, "bridge", n.Bridge, "subnet", n.Subnet.String(),
 			"gate", n.Gateway.String()+":53", "policy", sb.Policy, "rules", len(pol.Rules()))
 	}
-	log.Info("airlockd ready", "config", cfg.Path, "upstream_dns", servers, "sandboxes", len(cfg.Sandboxes))
+	api, err := ui.New(ui.Config{
+		Listen:    cfg.APIListen,
+		TokenFile: filepath.Join(cfg.StateDir, "token"),
+		Sandboxes: d.uiSandboxes,
+		Registry:  reg,
+		Logger:    log,
+	})
+	if err != nil {
+		return d, err
+	}
+	if err := api.Start(); err != nil {
+		return d, err
+	}
+	d.closers = append(d.closers, api.Close)
+	d.api = api
+	log.Info("airlockd ready", "config", cfg.Path, "upstream_dns", servers, "sandboxes", len(cfg.Sandboxes),
+		"api", apiURL(cfg.APIListen), "token_file", filepath.Join(cfg.StateDir, "token"))
 	return d, nil
+}
+
+func apiURL(listen string) string {
+	if strings.HasPrefix(listen, "unix:") {
+		return listen
+	}
+	return "http://" + listen + "/"
 }
 
 // upstreamRoots are the system roots plus the certificates in file (the

@@ -1,0 +1,454 @@
+package ui
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/policy"
+)
+
+type testSandbox struct {
+	name    string
+	pol     *policy.Sandbox
+	broker  *policy.Broker
+	journal *audit.Journal
+}
+
+func (s *testSandbox) Name() string            { return s.name }
+func (s *testSandbox) Subnet() string          { return "10.88.0.0/24" }
+func (s *testSandbox) Policy() *policy.Sandbox { return s.pol }
+func (s *testSandbox) Broker() *policy.Broker  { return s.broker }
+func (s *testSandbox) Journal() *audit.Journal { return s.journal }
+func (s *testSandbox) CAPEM() []byte           { return []byte("-----BEGIN CERTIFICATE-----\n") }
+
+type apiHarness struct {
+	srv    *Server
+	ts     *httptest.Server
+	sb     *testSandbox
+	policy string
+}
+
+func newAPI(t testing.TB, policyYAML string) *apiHarness {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "app.yaml")
+	if policyYAML != "" {
+		os.WriteFile(path, []byte(policyYAML), 0o644)
+	}
+	pol, err := policy.OpenSandbox(policy.SandboxConfig{Name: "myapp", Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := audit.Open(audit.Config{Dir: filepath.Join(dir, "audit")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, _ := policy.NewBroker(policy.BrokerConfig{Sandbox: pol, OnEvent: func(e policy.BrokerEvent) {
+		j.Add(audit.Entry{Kind: audit.KindApproval, Sandbox: "myapp", Host: e.Pending.Host, ApprovalID: e.Pending.ID, Action: e.Kind})
+	}})
+	sb := &testSandbox{name: "myapp", pol: pol, broker: br, journal: j}
+	srv, err := New(Config{Listen: "127.0.0.1:0", TokenFile: filepath.Join(dir, "token"), Sandboxes: func() []Sandbox { return []Sandbox{sb} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() { ts.Close(); j.Close() })
+	return &apiHarness{srv: srv, ts: ts, sb: sb, policy: path}
+}
+
+// do sends a request with the token and returns the status and body.
+func (h *apiHarness) do(t testing.TB, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, h.ts.URL+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+h.srv.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestTokenFileIsPrivate(t *testing.T) {
+	h := newAPI(t, "")
+	fi, err := os.Stat(h.srv.cfg.TokenFile)
+	if err != nil || fi.Mode().Perm() != 0o600 || len(h.srv.Token()) != 64 {
+		t.Errorf("token file %v %v, token %q", fi, err, h.srv.Token())
+	}
+	// The same token on the next start.
+	again, err := New(Config{Listen: "127.0.0.1:0", TokenFile: h.srv.cfg.TokenFile, Sandboxes: func() []Sandbox { return nil }})
+	if err != nil || again.Token() != h.srv.Token() {
+		t.Errorf("token changed across restarts: %v", err)
+	}
+	os.Chmod(h.srv.cfg.TokenFile, 0o644)
+	if _, err := New(Config{Listen: "127.0.0.1:0", TokenFile: h.srv.cfg.TokenFile, Sandboxes: func() []Sandbox { return nil }}); err == nil {
+		t.Error("a world-readable token file was accepted")
+	}
+}
+
+func TestAuth(t *testing.T) {
+	h := newAPI(t, "")
+	get := func(path string, set func(*http.Request)) int {
+		req, _ := http.NewRequest("GET", h.ts.URL+path, nil)
+		if set != nil {
+			set(req)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := get("/healthz", nil); c != 200 {
+		t.Errorf("/healthz without token: %d", c)
+	}
+	if c := get("/api/v1/sandboxes", nil); c != 401 {
+		t.Errorf("no token: %d, want 401", c)
+	}
+	if c := get("/api/v1/sandboxes", func(r *http.Request) { r.Header.Set("Authorization", "Bearer nope") }); c != 401 {
+		t.Errorf("wrong token: %d, want 401", c)
+	}
+	code, body := h.do(t, "GET", "/api/v1/sandboxes/nosuch/allowlist", "")
+	if code != 404 || !strings.Contains(body, `"hint":"sandboxes: myapp"`) {
+		t.Errorf("wrong sandbox: %d %s", code, body)
+	}
+	// Login: cookie, and mutations need the CSRF header.
+	resp, err := http.Post(h.ts.URL+"/api/v1/login", "application/json", strings.NewReader(`{"token":"`+h.srv.Token()+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var login struct{ CSRF string }
+	json.NewDecoder(resp.Body).Decode(&login)
+	resp.Body.Close()
+	ck := resp.Cookies()
+	if len(ck) != 1 || !ck[0].HttpOnly || ck[0].SameSite != http.SameSiteStrictMode || login.CSRF == "" {
+		t.Fatalf("login cookie %+v csrf %q", ck, login.CSRF)
+	}
+	withCookie := func(r *http.Request) { r.AddCookie(ck[0]) }
+	if c := get("/api/v1/sandboxes", withCookie); c != 200 {
+		t.Errorf("GET with the session cookie: %d", c)
+	}
+	post := func(csrf string) int {
+		req, _ := http.NewRequest("POST", h.ts.URL+"/api/v1/sandboxes/myapp/allowlist", strings.NewReader(`{"pattern":"a.test"}`))
+		withCookie(req)
+		if csrf != "" {
+			req.Header.Set(csrfHeader, csrf)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := post(""); c != 403 {
+		t.Errorf("cookie mutation without CSRF header: %d, want 403", c)
+	}
+	if c := post(login.CSRF); c != 201 {
+		t.Errorf("cookie mutation with CSRF header: %d, want 201", c)
+	}
+	if resp, _ := http.Post(h.ts.URL+"/api/v1/login", "application/json", strings.NewReader(`{"token":"wrong"}`)); resp.StatusCode != 401 {
+		t.Errorf("login with a wrong token: %d", resp.StatusCode)
+	}
+}
+
+func TestRulesThroughTheAPI(t *testing.T) {
+	h := newAPI(t, "name: myapp  # stays\nsandbox:\n  mcp_servers:\n    - name: github\n")
+	code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "*.example.com", "persist": true}`)
+	if code != 201 {
+		t.Fatalf("add: %d %s", code, body)
+	}
+	var r ruleView
+	json.Unmarshal([]byte(body), &r)
+	file, _ := os.ReadFile(h.policy)
+	if !strings.Contains(string(file), `pattern: "*.example.com"`) || !strings.Contains(string(file), "name: myapp  # stays") {
+		t.Errorf("policy file after add:\n%s", file)
+	}
+	code, body = h.do(t, "GET", "/api/v1/sandboxes/myapp/allowlist", "")
+	var list []ruleView
+	json.Unmarshal([]byte(body), &list)
+	tiers := map[string]int{}
+	for _, x := range list {
+		tiers[x.Tier]++
+	}
+	if code != 200 || tiers["auto"] != 2 || tiers["user"] != 1 {
+		t.Errorf("list: %d %s", code, body)
+	}
+	// Session rule, then delete both; auto rules are read-only.
+	h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "session.test"}`)
+	if code, _ := h.do(t, "DELETE", "/api/v1/sandboxes/myapp/allowlist/"+r.ID, ""); code != 200 {
+		t.Errorf("delete: %d", code)
+	}
+	if file, _ := os.ReadFile(h.policy); strings.Contains(string(file), "example.com") {
+		t.Errorf("deleted rule still in the file:\n%s", file)
+	}
+	for _, x := range list {
+		if x.Tier == "auto" {
+			if code, body := h.do(t, "DELETE", "/api/v1/sandboxes/myapp/allowlist/"+x.ID, ""); code != 409 {
+				t.Errorf("delete auto: %d %s", code, body)
+			}
+		}
+	}
+	// Denylist.
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/denylist", `{"pattern": "pastebin.com", "persist": true}`); code != 201 {
+		t.Errorf("deny: %d %s", code, body)
+	}
+	if file, _ := os.ReadFile(h.policy); !strings.Contains(string(file), "network_denylist") {
+		t.Errorf("deny not saved:\n%s", file)
+	}
+	// The journal records rule changes.
+	if got := h.sb.journal.Query(audit.Filter{Kinds: []string{audit.KindRule}}); len(got) != 4 {
+		t.Errorf("rule entries: %+v", got)
+	}
+}
+
+func TestBadInputChangesNothing(t *testing.T) {
+	h := newAPI(t, "")
+	before := len(h.sb.pol.Rules())
+	tests := []struct {
+		name, method, path, body string
+		code                     int
+		want                     string
+	}{
+		{"unknown field", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "a.test", "persit": true}`, 400, "unknown field"},
+		{"not json", "POST", "/api/v1/sandboxes/myapp/allowlist", `pattern=a.test`, 400, "bad JSON"},
+		{"two objects", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern":"a.test"}{"pattern":"b.test"}`, 400, "more than one"},
+		{"array", "POST", "/api/v1/sandboxes/myapp/allowlist", `[{"pattern":"a.test"}]`, 400, "bad JSON"},
+		{"no pattern", "POST", "/api/v1/sandboxes/myapp/allowlist", `{}`, 400, "no pattern"},
+		{"bad pattern", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "api.*.example.com"}`, 400, "regex"},
+		{"broad", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "*.com"}`, 400, "force"},
+		{"oversized", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "` + strings.Repeat("a", MaxBody) + `"}`, 413, "too large"},
+		{"traversal sandbox", "GET", "/api/v1/sandboxes/..%2f..%2fetc/allowlist", "", 404, "no sandbox"},
+		{"traversal id", "DELETE", "/api/v1/sandboxes/myapp/allowlist/..%2f..%2fetc%2fpasswd", "", 404, "no rule"},
+		{"bad action", "POST", "/api/v1/sandboxes/myapp/approvals/x", `{"action": "maybe"}`, 400, "unknown action"},
+		{"no approval", "POST", "/api/v1/sandboxes/myapp/approvals/x", `{"action": "deny"}`, 404, "no pending approval"},
+		{"bad limit", "GET", "/api/v1/sandboxes/myapp/requests?limit=-1", "", 400, "limit"},
+		{"bad since", "GET", "/api/v1/sandboxes/myapp/requests?since=yesterday", "", 400, "since"},
+		{"control chars", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "a.test", "member": "x\ny"}`, 400, "control"},
+		{"no route", "GET", "/api/v2/anything", "", 404, "/api/v1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body := h.do(t, tt.method, tt.path, tt.body)
+			if code != tt.code || !strings.Contains(body, tt.want) || !strings.Contains(body, `"error"`) {
+				t.Errorf("%d %s; want %d with %q in a JSON error", code, body, tt.code, tt.want)
+			}
+		})
+	}
+	if n := len(h.sb.pol.Rules()); n != before {
+		t.Errorf("bad input changed the rules: %d → %d", before, n)
+	}
+	if _, err := os.Stat(h.policy); err == nil {
+		t.Error("bad input created the policy file")
+	}
+}
+
+func TestPatternTest(t *testing.T) {
+	h := newAPI(t, "")
+	h.sb.journal.Add(audit.Entry{Kind: audit.KindConnection, Sandbox: "myapp", Host: "api.unknown.com", Port: 443})
+	h.sb.journal.Add(audit.Entry{Kind: audit.KindRequest, Sandbox: "myapp", Method: "GET", URL: "https://cdn.unknown.com/api/v2/files"})
+	code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist/test",
+		`{"pattern": "*.unknown.com/api/v*", "urls": ["https://api.unknown.com/api/v1/data", "https://cdn.unknown.com/api/v2/files", "https://api.unknown.com/other/path", "ftp://x"]}`)
+	var out struct {
+		Valid    bool
+		Results  []testResult
+		Recorded int `json:"recorded_matches"`
+	}
+	json.Unmarshal([]byte(body), &out)
+	if code != 200 || !out.Valid || len(out.Results) != 4 || !out.Results[0].Matches || !out.Results[1].Matches || out.Results[2].Matches || out.Results[3].Error == "" {
+		t.Errorf("%d %s", code, body)
+	}
+	// The connection to api.unknown.com (no path known) matches the host
+	// part; the request to /api/v2/files matches in full.
+	if out.Recorded != 2 {
+		t.Errorf("recorded matches = %d, want 2", out.Recorded)
+	}
+	_, body = h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist/test", `{"pattern": "*.com", "urls": []}`)
+	if !strings.Contains(body, `"broad":true`) || !strings.Contains(body, `"valid":false`) {
+		t.Errorf("broad pattern test: %s", body)
+	}
+}
+
+func TestApprovalsThroughTheAPI(t *testing.T) {
+	h := newAPI(t, "sandbox:\n  approval_timeout: 30\n")
+	done := make(chan policy.Outcome, 1)
+	go func() {
+		done <- h.sb.broker.Ask(context.Background(), policy.AskRequest{Source: "agent", Host: "api.unknown.com", Port: 443})
+	}()
+	var list []approvalView
+	for deadline := time.Now().Add(5 * time.Second); len(list) == 0; time.Sleep(5 * time.Millisecond) {
+		_, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/approvals", "")
+		json.Unmarshal([]byte(body), &list)
+		if time.Now().After(deadline) {
+			t.Fatal("no pending approval listed")
+		}
+	}
+	p := list[0]
+	if p.Host != "api.unknown.com" || p.Source != "agent" || p.SecondsLeft <= 25 || len(p.Suggestions) != 4 {
+		t.Errorf("approval = %+v", p)
+	}
+	start := time.Now()
+	code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/approvals/"+p.ID, `{"action": "allow_pattern", "pattern": "*.unknown.com", "persist": true}`)
+	if code != 200 {
+		t.Fatalf("decide: %d %s", code, body)
+	}
+	if o := <-done; !o.Allowed || time.Since(start) > 100*time.Millisecond {
+		t.Errorf("outcome %+v after %v", o, time.Since(start))
+	}
+	if file, _ := os.ReadFile(h.policy); !strings.Contains(string(file), "*.unknown.com") {
+		t.Errorf("pattern not saved:\n%s", file)
+	}
+}
+
+func TestEventsStreamWithin100ms(t *testing.T) {
+	h := newAPI(t, "")
+	req, _ := http.NewRequest("GET", h.ts.URL+"/api/v1/sandboxes/myapp/events", nil)
+	req.Header.Set("Authorization", "Bearer "+h.srv.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("content type %q", resp.Header.Get("Content-Type"))
+	}
+	r := bufio.NewReader(resp.Body)
+	r.ReadString('\n') // the opening comment
+	r.ReadString('\n')
+	start := time.Now()
+	h.sb.journal.Add(audit.Entry{Kind: audit.KindApproval, Sandbox: "myapp", Host: "x.test", Action: "opened"})
+	var lines []string
+	for len(lines) < 3 {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, strings.TrimSpace(l))
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("event arrived after %v", d)
+	}
+	if lines[1] != "event: approval" || !strings.HasPrefix(lines[2], "data: {") || !strings.Contains(lines[2], `"host":"x.test"`) {
+		t.Errorf("event = %q", lines)
+	}
+}
+
+func TestHARStructure(t *testing.T) {
+	h := newAPI(t, "")
+	h.sb.journal.Add(audit.Entry{Kind: audit.KindRequest, Sandbox: "myapp", Source: "agent", Method: "GET", URL: "https://api.example.com/v1/x?q=1",
+		Status: 200, BytesDown: 8, TTFBMs: 1.5, DurationMs: 2, Proto: "HTTP/2.0", Headers: map[string][]string{"Authorization": {"***"}}, Verdict: "allow", Rule: "api.example.com/v1/*"})
+	h.sb.journal.Add(audit.Entry{Kind: audit.KindConnection, Sandbox: "myapp", Source: "mcp:github", Host: "api.github.com", Port: 443, Verdict: "allow", BytesUp: 100, BytesDown: 2000, DurationMs: 50, Upstream: "140.82.0.1:443"})
+	code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/requests.har", "")
+	if code != 200 {
+		t.Fatal(code, body)
+	}
+	// HAR 1.2: log.version, log.creator{name,version}, log.entries[] with
+	// startedDateTime, time, request{method,url,httpVersion,cookies,
+	// headers,queryString,headersSize,bodySize}, response{status,
+	// statusText,httpVersion,cookies,headers,content{size,mimeType},
+	// redirectURL,headersSize,bodySize}, cache, timings{send,wait,receive}.
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
+		t.Fatal(err)
+	}
+	lg := doc["log"].(map[string]any)
+	if lg["version"] != "1.2" || lg["creator"].(map[string]any)["name"] != "airlock" {
+		t.Errorf("log = %v", lg)
+	}
+	entries := lg["entries"].([]any)
+	if len(entries) != 2 {
+		t.Fatalf("%d entries", len(entries))
+	}
+	for i, x := range entries {
+		e := x.(map[string]any)
+		for _, k := range []string{"startedDateTime", "time", "request", "response", "cache", "timings", "_source"} {
+			if _, ok := e[k]; !ok {
+				t.Errorf("entry %d lacks %s", i, k)
+			}
+		}
+		if _, err := time.Parse(time.RFC3339Nano, e["startedDateTime"].(string)); err != nil {
+			t.Errorf("entry %d startedDateTime: %v", i, err)
+		}
+		req, res := e["request"].(map[string]any), e["response"].(map[string]any)
+		for _, k := range []string{"method", "url", "httpVersion", "cookies", "headers", "queryString", "headersSize", "bodySize"} {
+			if _, ok := req[k]; !ok {
+				t.Errorf("entry %d request lacks %s", i, k)
+			}
+		}
+		for _, k := range []string{"status", "statusText", "httpVersion", "cookies", "headers", "content", "redirectURL", "headersSize", "bodySize"} {
+			if _, ok := res[k]; !ok {
+				t.Errorf("entry %d response lacks %s", i, k)
+			}
+		}
+		c := res["content"].(map[string]any)
+		if _, ok := c["size"]; !ok || c["mimeType"] == nil {
+			t.Errorf("entry %d content = %v", i, c)
+		}
+		tm := e["timings"].(map[string]any)
+		for _, k := range []string{"send", "wait", "receive"} {
+			if v, ok := tm[k].(float64); !ok || v < -1 {
+				t.Errorf("entry %d timings.%s = %v", i, k, tm[k])
+			}
+		}
+	}
+	if e := entries[1].(map[string]any); e["request"].(map[string]any)["method"] != "CONNECT" || e["_source"] != "mcp:github" {
+		t.Errorf("spliced connection entry = %v", e)
+	}
+	if e := entries[0].(map[string]any); !strings.Contains(fmt.Sprint(e["request"]), "***") {
+		t.Errorf("credentials not masked: %v", e["request"])
+	}
+}
+
+func TestParallelPersistedAdds(t *testing.T) {
+	h := newAPI(t, "name: myapp\n")
+	var wg sync.WaitGroup
+	for i := 0; i < 100; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist", fmt.Sprintf(`{"pattern": "host-%d.example.com", "persist": true}`, i)); code != 201 {
+				t.Errorf("add %d: %d %s", i, code, body)
+			}
+		}()
+	}
+	wg.Wait()
+	spec, err := policy.LoadSpec(h.policy)
+	if err != nil || len(spec.User) != 100 {
+		t.Errorf("policy file has %d user rules (%v), want 100", len(spec.User), err)
+	}
+}
+
+func FuzzAPIBodies(f *testing.F) {
+	for _, s := range []string{`{"pattern":"a.test","persist":true}`, `{"action":"allow_once"}`, `{"pattern":"*.x.io","urls":["https://a.x.io/"]}`, `{}`, `[`, `{"pattern":"regex:(a|b"}`} {
+		f.Add(s, uint8(0))
+	}
+	h := newAPI(f, "")
+	paths := []string{"/api/v1/sandboxes/myapp/allowlist", "/api/v1/sandboxes/myapp/denylist", "/api/v1/sandboxes/myapp/allowlist/test", "/api/v1/sandboxes/myapp/approvals/x", "/api/v1/login"}
+	f.Fuzz(func(t *testing.T, body string, which uint8) {
+		before := len(h.sb.pol.Rules())
+		code, resp := h.do(t, "POST", paths[int(which)%len(paths)], body)
+		if code >= 500 {
+			t.Fatalf("%d for %q: %s", code, body, resp)
+		}
+		if !json.Valid([]byte(resp)) {
+			t.Fatalf("response is not JSON: %q", resp)
+		}
+		if code >= 400 && len(h.sb.pol.Rules()) != before {
+			t.Fatalf("a refused body changed the rules: %q", body)
+		}
+	})
+}

@@ -1,0 +1,354 @@
+package ui
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/policy"
+)
+
+type sandboxView struct {
+	Name            string `json:"name"`
+	Subnet          string `json:"subnet"`
+	Policy          string `json:"policy"`
+	Enabled         bool   `json:"enabled"`
+	UnknownAction   string `json:"unknown_action"`
+	ApprovalTimeout int    `json:"approval_timeout"`
+	Inspect         string `json:"inspect"`
+	Rules           int    `json:"rules"`
+	Pending         int    `json:"pending"`
+}
+
+func viewSandbox(sb Sandbox) sandboxView {
+	spec := sb.Policy().Spec()
+	return sandboxView{
+		Name: sb.Name(), Subnet: sb.Subnet(), Policy: sb.Policy().Path(), Enabled: spec.Enabled,
+		UnknownAction: spec.UnknownAction.String(), ApprovalTimeout: int(spec.ApprovalTimeout / time.Second),
+		Inspect: spec.Inspect.String(), Rules: len(sb.Policy().Rules()), Pending: len(sb.Broker().List()),
+	}
+}
+
+func (s *Server) listSandboxes(c echo.Context) error {
+	out := []sandboxView{}
+	for _, sb := range s.cfg.Sandboxes() {
+		out = append(out, viewSandbox(sb))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+func (s *Server) getSandbox(c echo.Context) error {
+	return c.JSON(http.StatusOK, viewSandbox(sandboxOf(c)))
+}
+
+type ruleView struct {
+	ID      string     `json:"id"`
+	Pattern string     `json:"pattern"`
+	Type    string     `json:"type"` // exact, wildcard, regex, cidr, any
+	Tier    string     `json:"tier"` // auto, user, session
+	List    string     `json:"list"`
+	Source  string     `json:"source,omitempty"`
+	Member  string     `json:"member,omitempty"`
+	Added   *time.Time `json:"added,omitempty"`
+	Forced  bool       `json:"forced,omitempty"`
+}
+
+func viewRule(r *policy.Rule) ruleView {
+	v := ruleView{ID: r.ID, Pattern: r.Pattern.String(), Type: r.Pattern.Kind().String(), Tier: r.Tier.String(),
+		List: r.List.String(), Source: r.Source, Member: r.Member, Forced: r.Forced}
+	if !r.Added.IsZero() {
+		t := r.Added
+		v.Added = &t
+	}
+	return v
+}
+
+func (s *Server) listRules(l policy.List) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		out := []ruleView{}
+		for _, r := range sandboxOf(c).Policy().Rules() {
+			if r.List == l {
+				out = append(out, viewRule(r))
+			}
+		}
+		return c.JSON(http.StatusOK, out)
+	}
+}
+
+type addRuleBody struct {
+	Pattern string `json:"pattern"`
+	Persist bool   `json:"persist"`
+	Force   bool   `json:"force"`
+	Member  string `json:"member"`
+	Source  string `json:"source"`
+}
+
+func (s *Server) addRule(l policy.List) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		var b addRuleBody
+		if err := decode(c, &b); err != nil {
+			return err
+		}
+		if b.Pattern == "" {
+			return fail(http.StatusBadRequest, "no pattern", `send {"pattern": "api.example.com", "persist": true}`)
+		}
+		if len(b.Member) > 64 || len(b.Source) > 200 || strings.ContainsAny(b.Member+b.Source, "\n\r\x00") {
+			return fail(http.StatusBadRequest, "member or source too long or with control characters", "")
+		}
+		if b.Source == "" {
+			b.Source = "added through the API"
+		}
+		sb := sandboxOf(c)
+		r, err := sb.Policy().Add(policy.AddRequest{Pattern: b.Pattern, List: l, Persist: b.Persist, Force: b.Force, Member: b.Member, Source: b.Source})
+		switch {
+		case errors.Is(err, policy.ErrBroad):
+			return fail(http.StatusBadRequest, err.Error(), `send "force": true to accept a broad pattern on purpose`)
+		case err != nil && strings.HasPrefix(err.Error(), "pattern "):
+			return fail(http.StatusBadRequest, err.Error(), "see the pattern language in the README")
+		case err != nil:
+			return fail(http.StatusInternalServerError, err.Error(), "the policy file could not be written; nothing changed")
+		}
+		sb.Journal().Add(audit.Entry{Kind: audit.KindRule, Sandbox: sb.Name(), Action: "added", RuleID: r.ID, Rule: r.Pattern.String(), List: l.String(), Reason: r.Tier.String()})
+		// A new allow rule may answer held requests.
+		if l == policy.Allowlist {
+			sb.Broker().ReleaseAllowed()
+		}
+		return c.JSON(http.StatusCreated, viewRule(r))
+	}
+}
+
+func (s *Server) removeRule(l policy.List) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		sb := sandboxOf(c)
+		id := c.Param("id")
+		r, ok := sb.Policy().Rule(id)
+		if !ok || r.List != l {
+			return fail(http.StatusNotFound, fmt.Sprintf("no rule %q in the %s", truncate(id, 40), l), "GET the list for the ids")
+		}
+		removed, err := sb.Policy().Remove(id)
+		switch {
+		case errors.Is(err, policy.ErrAutoRule):
+			return fail(http.StatusConflict, err.Error(), "auto rules follow mcp_servers and network_allowlist.auto in the policy file")
+		case err != nil:
+			return fail(http.StatusInternalServerError, err.Error(), "")
+		}
+		sb.Journal().Add(audit.Entry{Kind: audit.KindRule, Sandbox: sb.Name(), Action: "removed", RuleID: removed.ID, Rule: removed.Pattern.String(), List: l.String()})
+		return c.JSON(http.StatusOK, viewRule(removed))
+	}
+}
+
+type testBody struct {
+	Pattern string   `json:"pattern"`
+	URLs    []string `json:"urls"`
+	Force   bool     `json:"force"`
+}
+
+type testResult struct {
+	URL     string `json:"url"`
+	Matches bool   `json:"matches"`
+	Error   string `json:"error,omitempty"`
+}
+
+// testPattern answers the page's live preview: does the pattern parse, is
+// it broad, which sample URLs it matches, and how many recorded requests
+// it would have matched.
+func (s *Server) testPattern(c echo.Context) error {
+	var b testBody
+	if err := decode(c, &b); err != nil {
+		return err
+	}
+	if len(b.URLs) > 100 {
+		return fail(http.StatusBadRequest, "more than 100 sample URLs", "")
+	}
+	out := struct {
+		Valid    bool         `json:"valid"`
+		Broad    bool         `json:"broad"`
+		Error    string       `json:"error,omitempty"`
+		Type     string       `json:"type,omitempty"`
+		Results  []testResult `json:"results"`
+		Recorded int          `json:"recorded_matches"`
+	}{Results: []testResult{}}
+	p, err := policy.Parse(b.Pattern, policy.ParseOptions{Force: b.Force})
+	if errors.Is(err, policy.ErrBroad) {
+		out.Broad = true
+		p, err = policy.Parse(b.Pattern, policy.ParseOptions{Force: true})
+		out.Error = "too broad: needs force"
+	}
+	if err != nil {
+		out.Error = err.Error()
+		return c.JSON(http.StatusOK, out)
+	}
+	out.Valid, out.Type = !out.Broad, p.Kind().String()
+	for _, u := range b.URLs {
+		q, err := policy.SampleQuery(u)
+		if err != nil {
+			out.Results = append(out.Results, testResult{URL: u, Error: err.Error()})
+			continue
+		}
+		out.Results = append(out.Results, testResult{URL: u, Matches: p.Matches(q)})
+	}
+	for _, e := range sandboxOf(c).Journal().Query(audit.Filter{Kinds: []string{audit.KindConnection, audit.KindRequest}, Limit: 10000}) {
+		if q, ok := entryQuery(e); ok && p.Matches(q) {
+			out.Recorded++
+		}
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// entryQuery is the policy question a recorded entry stands for.
+func entryQuery(e audit.Entry) (policy.Query, bool) {
+	if e.Kind == audit.KindRequest {
+		q, err := policy.SampleQuery(e.Method + " " + e.URL)
+		return q, err == nil
+	}
+	if e.Host == "" {
+		return policy.Query{}, false
+	}
+	return policy.Query{Host: e.Host, Port: e.Port}, true
+}
+
+type approvalView struct {
+	ID          string              `json:"id"`
+	Source      string              `json:"source"`
+	Sources     []string            `json:"sources"`
+	Host        string              `json:"host"`
+	Port        uint16              `json:"port"`
+	Method      string              `json:"method,omitempty"`
+	URL         string              `json:"url"`
+	Created     time.Time           `json:"created"`
+	SecondsLeft float64             `json:"seconds_left"`
+	Waiting     int                 `json:"waiting"`
+	Suggestions []policy.Suggestion `json:"suggestions"`
+	LLM         bool                `json:"llm"`
+}
+
+func (s *Server) listApprovals(c echo.Context) error {
+	out := []approvalView{}
+	now := time.Now()
+	for _, p := range sandboxOf(c).Broker().List() {
+		out = append(out, approvalView{ID: p.ID, Source: p.Source, Sources: p.Sources, Host: p.Host, Port: p.Port,
+			Method: p.Method, URL: p.URL, Created: p.Created, SecondsLeft: max(0, p.Deadline.Sub(now).Seconds()),
+			Waiting: p.Waiting, Suggestions: p.Suggestions, LLM: policy.IsLLMHost(p.Host)})
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+type decideBody struct {
+	Action  string `json:"action"`
+	Pattern string `json:"pattern"`
+	Persist bool   `json:"persist"`
+	Force   bool   `json:"force"`
+}
+
+func (s *Server) decide(c echo.Context) error {
+	var b decideBody
+	if err := decode(c, &b); err != nil {
+		return err
+	}
+	action, err := policy.ParseResolution(b.Action)
+	if err != nil {
+		return fail(http.StatusBadRequest, err.Error(), `send {"action": "allow_once"}, {"action": "deny"} or {"action": "allow_pattern", "pattern": "…", "persist": true}`)
+	}
+	sb := sandboxOf(c)
+	r, err := sb.Broker().Decide(c.Param("id"), policy.Choice{Action: action, Pattern: b.Pattern, Persist: b.Persist, Force: b.Force})
+	switch {
+	case errors.Is(err, policy.ErrNoPending):
+		return fail(http.StatusNotFound, fmt.Sprintf("no pending approval %q", truncate(c.Param("id"), 40)), "it may have been decided or timed out; GET approvals")
+	case errors.Is(err, policy.ErrBroad):
+		return fail(http.StatusBadRequest, err.Error(), `send "force": true to accept a broad pattern on purpose`)
+	case err != nil:
+		return fail(http.StatusBadRequest, err.Error(), "")
+	}
+	out := map[string]any{"decided": c.Param("id"), "action": action.String()}
+	if r != nil {
+		out["rule"] = viewRule(r)
+		sb.Journal().Add(audit.Entry{Kind: audit.KindRule, Sandbox: sb.Name(), Action: "added", RuleID: r.ID, Rule: r.Pattern.String(), List: r.List.String(), Reason: "approval " + c.Param("id")})
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// filterFrom reads source, verdict, llm, since (RFC 3339 or a duration
+// such as 10m), kind and limit from the query string.
+func filterFrom(c echo.Context, kinds []string) (audit.Filter, error) {
+	f := audit.Filter{Source: c.QueryParam("source"), Verdict: c.QueryParam("verdict"), Kinds: kinds}
+	if k := c.QueryParam("kind"); k != "" {
+		f.Kinds = strings.Split(k, ",")
+	}
+	if v := c.QueryParam("llm"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return f, fail(http.StatusBadRequest, "llm must be true or false", "")
+		}
+		f.LLM = &b
+	}
+	if v := c.QueryParam("since"); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			f.Since = time.Now().Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, v); err == nil {
+			f.Since = t
+		} else {
+			return f, fail(http.StatusBadRequest, "since must be RFC 3339 or a duration", "since=10m or since=2026-01-02T15:04:05Z")
+		}
+	}
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100000 {
+			return f, fail(http.StatusBadRequest, "limit must be 1 to 100000", "")
+		}
+		f.Limit = n
+	}
+	return f, nil
+}
+
+var trafficKinds = []string{audit.KindConnection, audit.KindRequest}
+
+func (s *Server) listRequests(c echo.Context) error {
+	f, err := filterFrom(c, trafficKinds)
+	if err != nil {
+		return err
+	}
+	out := sandboxOf(c).Journal().Query(f)
+	if out == nil {
+		out = []audit.Entry{}
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// events streams the sandbox's journal as server-sent events: one event
+// per entry, named by its kind, with the entry as JSON data.
+func (s *Server) events(c echo.Context) error {
+	sub := sandboxOf(c).Journal().Subscribe(1024)
+	defer sub.Close()
+	w := c.Response()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	fmt.Fprint(w, ": airlock events\n\n")
+	w.Flush()
+	ping := time.NewTicker(15 * time.Second)
+	defer ping.Stop()
+	ctx := c.Request().Context()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ping.C:
+			fmt.Fprint(w, ": ping\n\n")
+			w.Flush()
+		case e, ok := <-sub.C():
+			if !ok {
+				return nil
+			}
+			b, _ := jsonMarshal(e)
+			fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", e.Seq, e.Kind, b)
+			w.Flush()
+		}
+	}
+}

@@ -1,0 +1,382 @@
+package ui
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/policy"
+)
+
+// Sandbox is what the API needs of a running sandbox.
+type Sandbox interface {
+	Name() string
+	Subnet() string
+	Policy() *policy.Sandbox
+	Broker() *policy.Broker
+	Journal() *audit.Journal
+	// CAPEM returns the sandbox CA certificate in PEM.
+	CAPEM() []byte
+}
+
+// Config configures a Server.
+type Config struct {
+	// Listen is "127.0.0.1:PORT" (loopback only) or "unix:/path". Required.
+	Listen string
+	// TokenFile holds the API token; it is created 0600 with a random
+	// token when missing. Required.
+	TokenFile string
+	// Sandboxes returns the running sandboxes. Required.
+	Sandboxes func() []Sandbox
+	// Registry receives the metrics served at /metrics; nil means none.
+	Registry *prometheus.Registry
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// MaxBody caps request bodies.
+const MaxBody = 64 << 10
+
+// Server is airlockd's HTTP face: the REST API, server-sent events and
+// (with the web page) the approval UI.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	token string
+	e     *echo.Echo
+	ln    net.Listener
+	srv   *http.Server
+	wg    sync.WaitGroup
+
+	// mu guards sessions.
+	mu       sync.Mutex
+	sessions map[string]session // cookie value → session
+}
+
+type session struct {
+	csrf    string
+	expires time.Time
+}
+
+// New loads (or creates) the token and builds the routes; Start listens.
+func New(cfg Config) (*Server, error) {
+	if cfg.Listen == "" || cfg.TokenFile == "" || cfg.Sandboxes == nil {
+		return nil, errors.New("ui: listen address, token file and sandboxes are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	token, err := loadOrCreateToken(cfg.TokenFile)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "ui"), token: token, sessions: map[string]session{}}
+	s.e = s.routes()
+	return s, nil
+}
+
+// Token returns the API token.
+func (s *Server) Token() string { return s.token }
+
+// Handler returns the server's handler, for tests.
+func (s *Server) Handler() http.Handler { return s.e }
+
+func loadOrCreateToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			return "", fmt.Errorf("API token %s is readable by others (mode %v); chmod 600 it", path, fi.Mode().Perm())
+		}
+		t := strings.TrimSpace(string(b))
+		if len(t) < 32 {
+			return "", fmt.Errorf("API token in %s is shorter than 32 characters; remove the file to get a new one", path)
+		}
+		return t, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("API token: %w", err)
+	}
+	raw := make([]byte, 32)
+	rand.Read(raw)
+	t := hex.EncodeToString(raw)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("API token: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(t + "\n"); err != nil {
+		return "", err
+	}
+	return t, f.Sync()
+}
+
+// Start listens on the configured address and serves until Close.
+func (s *Server) Start() error {
+	var ln net.Listener
+	var err error
+	if path, ok := strings.CutPrefix(s.cfg.Listen, "unix:"); ok {
+		os.Remove(path)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		ln, err = net.Listen("unix", path)
+		if err == nil {
+			err = os.Chmod(path, 0o600)
+		}
+	} else {
+		ln, err = net.Listen("tcp", s.cfg.Listen)
+	}
+	if err != nil {
+		return fmt.Errorf("API listen %s: %w", s.cfg.Listen, err)
+	}
+	s.ln = ln
+	s.srv = &http.Server{Handler: s.e, ReadHeaderTimeout: 10 * time.Second}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("API server", "err", err)
+		}
+	}()
+	s.log.Info("API listening", "addr", s.cfg.Listen)
+	return nil
+}
+
+// Addr returns the listener's address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the server: requests get a few seconds, event streams end.
+// It is idempotent.
+func (s *Server) Close() error {
+	if s.srv == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = s.srv.Close()
+	}
+	s.wg.Wait()
+	return err
+}
+
+// apiError is every error the API returns: what went wrong, and what to do.
+type apiError struct {
+	Status  int    `json:"-"`
+	Message string `json:"error"`
+	Hint    string `json:"hint,omitempty"`
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func fail(status int, msg, hint string) error {
+	return &apiError{Status: status, Message: msg, Hint: hint}
+}
+
+func (s *Server) errorHandler(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	var ae *apiError
+	var he *echo.HTTPError
+	out := apiError{Status: http.StatusInternalServerError, Message: err.Error()}
+	switch {
+	case errors.As(err, &ae):
+		out = *ae
+	case errors.As(err, &he):
+		out = apiError{Status: he.Code, Message: strings.ToLower(fmt.Sprint(he.Message))}
+		switch he.Code {
+		case http.StatusNotFound:
+			out.Hint = "the API lives under /api/v1; see the README"
+		case http.StatusRequestEntityTooLarge:
+			out.Message, out.Hint = "request body too large", fmt.Sprintf("bodies are limited to %d bytes", MaxBody)
+		case http.StatusMethodNotAllowed:
+			out.Hint = "check the method for this path in the README"
+		}
+	default:
+		s.log.Error("API", "path", c.Path(), "err", err)
+	}
+	c.JSON(out.Status, out)
+}
+
+func (s *Server) routes() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.errorHandler
+	e.Use(s.bodyLimit)
+	e.GET("/healthz", func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]any{"status": "ok", "sandboxes": len(s.cfg.Sandboxes())})
+	})
+	if s.cfg.Registry != nil {
+		e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{})))
+	}
+	e.POST("/api/v1/login", s.login)
+	api := e.Group("/api/v1", s.auth)
+	api.GET("/sandboxes", s.listSandboxes)
+	sb := api.Group("/sandboxes/:sb", s.withSandbox)
+	sb.GET("", s.getSandbox)
+	for _, l := range []policy.List{policy.Allowlist, policy.Denylist} {
+		name := l.String()
+		sb.GET("/"+name, s.listRules(l))
+		sb.POST("/"+name, s.addRule(l))
+		sb.DELETE("/"+name+"/:id", s.removeRule(l))
+	}
+	sb.POST("/allowlist/test", s.testPattern)
+	sb.GET("/approvals", s.listApprovals)
+	sb.POST("/approvals/:id", s.decide)
+	sb.GET("/requests", s.listRequests)
+	sb.GET("/requests.har", s.har)
+	sb.GET("/events", s.events)
+	sb.GET("/ca.pem", func(c echo.Context) error {
+		return c.Blob(http.StatusOK, "application/x-pem-file", sandboxOf(c).CAPEM())
+	})
+	return e
+}
+
+// bodyLimit refuses bodies over MaxBody before a handler reads them.
+func (s *Server) bodyLimit(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		if r.ContentLength > MaxBody {
+			return fail(http.StatusRequestEntityTooLarge, "request body too large", fmt.Sprintf("bodies are limited to %d bytes", MaxBody))
+		}
+		r.Body = http.MaxBytesReader(c.Response(), r.Body, MaxBody)
+		return next(c)
+	}
+}
+
+const (
+	sessionCookie = "airlock_session"
+	csrfHeader    = "X-Airlock-CSRF"
+)
+
+// auth lets a request through with the bearer token, or with a session
+// cookie from /login (then mutations also need the CSRF header).
+func (s *Server) auth(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		if h := r.Header.Get("Authorization"); h != "" {
+			t, ok := strings.CutPrefix(h, "Bearer ")
+			if ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(t)), []byte(s.token)) == 1 {
+				return next(c)
+			}
+			return fail(http.StatusUnauthorized, "wrong token", "send Authorization: Bearer $(sudo cat "+s.cfg.TokenFile+")")
+		}
+		if ck, err := r.Cookie(sessionCookie); err == nil {
+			s.mu.Lock()
+			sess, ok := s.sessions[ck.Value]
+			s.mu.Unlock()
+			if ok && time.Now().Before(sess.expires) {
+				if r.Method == http.MethodGet || subtle.ConstantTimeCompare([]byte(r.Header.Get(csrfHeader)), []byte(sess.csrf)) == 1 {
+					return next(c)
+				}
+				return fail(http.StatusForbidden, "missing or wrong "+csrfHeader+" header", "the page sends the value /api/v1/login returned")
+			}
+		}
+		return fail(http.StatusUnauthorized, "missing token", "send Authorization: Bearer $(sudo cat "+s.cfg.TokenFile+")")
+	}
+}
+
+// login trades the token for an HttpOnly, SameSite=Strict session cookie
+// and a CSRF value, for the web page.
+func (s *Server) login(c echo.Context) error {
+	var req struct {
+		Token string `json:"token"`
+	}
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	if subtle.ConstantTimeCompare([]byte(req.Token), []byte(s.token)) != 1 {
+		return fail(http.StatusUnauthorized, "wrong token", "the token is in "+s.cfg.TokenFile)
+	}
+	id, csrf := randomHex(32), randomHex(32)
+	s.mu.Lock()
+	now := time.Now()
+	for k, v := range s.sessions {
+		if now.After(v.expires) {
+			delete(s.sessions, k)
+		}
+	}
+	s.sessions[id] = session{csrf: csrf, expires: now.Add(12 * time.Hour)}
+	s.mu.Unlock()
+	c.SetCookie(&http.Cookie{Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
+	return c.JSON(http.StatusOK, map[string]string{"csrf": csrf})
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// decode reads exactly one JSON object into v, refusing unknown fields.
+func decode(c echo.Context, v any) error {
+	body, err := io.ReadAll(c.Request().Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return fail(http.StatusRequestEntityTooLarge, "request body too large", fmt.Sprintf("bodies are limited to %d bytes", MaxBody))
+		}
+		return fail(http.StatusBadRequest, "cannot read the request body", "")
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fail(http.StatusBadRequest, "bad JSON body: "+err.Error(), "send one JSON object with the fields the README lists")
+	}
+	if dec.More() {
+		return fail(http.StatusBadRequest, "bad JSON body: more than one value", "send one JSON object")
+	}
+	return nil
+}
+
+const sandboxKey = "airlock.sandbox"
+
+func sandboxOf(c echo.Context) Sandbox { return c.Get(sandboxKey).(Sandbox) }
+
+// withSandbox resolves :sb, or answers 404 naming the sandboxes there are.
+func (s *Server) withSandbox(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		name := c.Param("sb")
+		var names []string
+		for _, sb := range s.cfg.Sandboxes() {
+			if sb.Name() == name {
+				c.Set(sandboxKey, sb)
+				return next(c)
+			}
+			names = append(names, sb.Name())
+		}
+		slices.Sort(names)
+		return fail(http.StatusNotFound, fmt.Sprintf("no sandbox %q", truncate(name, 40)), "sandboxes: "+strings.Join(names, ", "))
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
