@@ -134,6 +134,19 @@ func TestMemberHelper(t *testing.T) {
 			os.Exit(1)
 		}
 		fmt.Printf("rps %.1f\n", float64(n)/time.Since(start).Seconds())
+	case "timed-get":
+		// timed-get URL: prints "sent <unix ns>" and, when the response is
+		// in, "done <unix ns> <status> <body>".
+		client := &http.Client{Timeout: 60 * time.Second}
+		fmt.Printf("sent %d\n", time.Now().UnixNano())
+		resp, err := client.Get(args[1])
+		if err != nil {
+			fmt.Printf("error %v\n", err)
+			break
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("done %d %d %s\n", time.Now().UnixNano(), resp.StatusCode, b)
 	case "garbage":
 		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
 		if err != nil {

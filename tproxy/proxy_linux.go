@@ -355,7 +355,11 @@ func (p *Proxy) handle(client *net.TCPConn) {
 		}
 		url := host + ":" + strconv.Itoa(int(dst.Port()))
 		if c.head != nil {
-			url = "http://" + url + c.head.Target
+			url = "http://" + host
+			if dst.Port() != 80 {
+				url += ":" + strconv.Itoa(int(dst.Port()))
+			}
+			url += c.head.Target
 		}
 		out := p.cfg.Approvals.Ask(p.ctx, policy.AskRequest{Source: c.rec.Source, Host: host, Port: dst.Port(), URL: url})
 		if out.Rule != nil {

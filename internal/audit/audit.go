@@ -91,8 +91,7 @@ type Journal struct {
 	// mu guards the following fields.
 	mu   sync.Mutex
 	seq  uint64
-	f    *os.File
-	w    *bufio.Writer
+	f    *os.File // written through, one write per entry, so a kill -9 loses nothing
 	size int64
 	err  error // the last write error, reported once
 }
@@ -147,13 +146,14 @@ func (j *Journal) openCurrent() error {
 		f.Close()
 		return fmt.Errorf("audit: %w", err)
 	}
-	j.f, j.w, j.size = f, bufio.NewWriterSize(f, 64<<10), fi.Size()
+	j.f, j.size = f, fi.Size()
 	return nil
 }
 
 // Add numbers an entry, keeps it in memory, hands it to subscribers and
-// appends it to the file. A failing disk does not stop the sandbox: the
-// error is returned once, by Flush.
+// appends it to the file (in the kernel when Add returns, so it survives
+// the process dying). A failing disk does not stop the sandbox: the error
+// is returned once, by Flush.
 func (j *Journal) Add(e Entry) Entry {
 	j.mu.Lock()
 	j.seq++
@@ -161,10 +161,10 @@ func (j *Journal) Add(e Entry) Entry {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	if j.w != nil {
+	if j.f != nil {
 		b, _ := json.Marshal(e)
 		b = append(b, '\n')
-		n, err := j.w.Write(b)
+		n, err := j.f.Write(b)
 		j.size += int64(n)
 		if err != nil && j.err == nil {
 			j.err = err
@@ -178,8 +178,8 @@ func (j *Journal) Add(e Entry) Entry {
 	return e
 }
 
-// Flush writes buffered entries to the file and returns the first write
-// error since the last Flush.
+// Flush syncs the file to disk and returns the first write error since
+// the last Flush.
 func (j *Journal) Flush() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -187,8 +187,8 @@ func (j *Journal) Flush() error {
 }
 
 func (j *Journal) flushLocked() error {
-	if j.w != nil {
-		if err := j.w.Flush(); err != nil && j.err == nil {
+	if j.f != nil {
+		if err := j.f.Sync(); err != nil && j.err == nil {
 			j.err = err
 		}
 	}
@@ -209,7 +209,7 @@ func (j *Journal) rotateLocked() {
 		old = old[1:]
 	}
 	if err := j.openCurrent(); err != nil {
-		j.err, j.w, j.f = err, nil, nil
+		j.err, j.f = err, nil
 	}
 }
 
@@ -297,7 +297,6 @@ func (j *Journal) Query(f Filter) []Entry {
 		return out
 	}
 	// Older history, from disk: everything before the first entry in memory.
-	j.Flush()
 	fromMem := out
 	out = nil
 	first := uint64(1<<64 - 1)
@@ -329,7 +328,7 @@ func (j *Journal) Close() error {
 		if cerr := j.f.Close(); err == nil {
 			err = cerr
 		}
-		j.f, j.w = nil, nil
+		j.f = nil
 	}
 	return err
 }

@@ -97,7 +97,7 @@ func New(t testing.TB) *World {
 
 	w.DNS = &dnsgatetest.Server{
 		A: map[string]string{"allowed.test": WebAddr, "other.test": WebAddr, "ssh.test": WebAddr,
-			"api.allowed.test": WebAddr, "badcert.test": WebAddr,
+			"api.allowed.test": WebAddr, "badcert.test": WebAddr, "unknown.example": WebAddr,
 			"private.test": Private, "metadata.test": Metadata, "decoy.test": DecoyAddr},
 		TXT: map[string]string{"allowed.test": "v=allowed", "unknown.test": "v=secret"},
 	}
@@ -495,6 +495,24 @@ func (w *World) Start(cfg, sandbox, source string, timeout time.Duration, argv .
 	ch := make(chan Result, 1)
 	go func() { ch <- w.Run(cfg, sandbox, source, timeout, argv...) }()
 	return func() Result { return <-ch }
+}
+
+// DialHost connects from inside the host namespace, where airlockd's API
+// listens on loopback.
+func (w *World) DialHost(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	var err error
+	w.InNetns(w.Host, func() {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, network, addr)
+	})
+	return c, err
+}
+
+// HostClient is an HTTP client whose connections start in the host
+// namespace.
+func (w *World) HostClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: w.DialHost}}
 }
 
 // HostExec runs a command in the host namespace and returns its output.

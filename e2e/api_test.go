@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/testworld"
+)
+
+const apiBase = "http://127.0.0.1:7433/api/v1"
+
+// apiSetup runs airlockd with one sandbox named "default", as in the
+// README, which asks for unknown hosts (30 s) and allows allowed.test.
+func apiSetup(t *testing.T) (*testworld.World, string, *testworld.Daemon, string) {
+	w := testworld.New(t)
+	pol := filepath.Join(w.Dir, "default.yaml")
+	write(t, pol, "sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
+	cfg := filepath.Join(w.Dir, "airlockd.yaml")
+	write(t, cfg, fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nsandboxes:\n  - name: default\n    subnet: 10.88.0.0/24\n    policy: %[3]s\n",
+		w.Dir, testworld.DNSAddr, pol))
+	d := w.StartDaemon(cfg)
+	token, err := os.ReadFile(filepath.Join(w.Dir, "state", "token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, cfg, d, strings.TrimSpace(string(token))
+}
+
+// call sends an API request from the host namespace.
+func call(t *testing.T, w *testworld.World, token, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, apiBase+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := w.HostClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func waitPendingAPI(t *testing.T, w *testworld.World, token string) string {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		_, body := call(t, w, token, "GET", "/sandboxes/default/approvals", "")
+		var p []struct{ ID string }
+		if json.Unmarshal([]byte(body), &p) == nil && len(p) > 0 {
+			return p[0].ID
+		}
+	}
+	t.Fatal("no pending approval")
+	return ""
+}
+
+func TestREADMEAPITour(t *testing.T) {
+	w, cfg, _, token := apiSetup(t)
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(readme)
+	i, j := strings.Index(s, "<!-- tour:api -->"), strings.Index(s, "<!-- /tour:api -->")
+	if i < 0 || j < i {
+		t.Fatal("README has no tour:api block")
+	}
+	block := s[i:j]
+	block = block[strings.Index(block, "```sh\n")+6 : strings.LastIndex(block, "```")]
+
+	// The member of the tour's comment, held until the tour lets it through.
+	member := w.Start(cfg, "default", "agent", 60*time.Second, "curl", "-sS", "-m", "50", "http://unknown.example/")
+	waitPendingAPI(t, w, token)
+
+	cmd := exec.Command("ip", "netns", "exec", w.Host, "bash", "-euo", "pipefail", "-c", block)
+	cmd.Dir = w.Dir
+	cmd.Env = append(os.Environ(), "TOKEN="+token, "API="+apiBase)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the README tour failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{" session example.com", " user *.example.org", "agent http://unknown.example/ ", "allow agent unknown.example"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("tour output lacks %q:\n%s", want, out)
+		}
+	}
+	if r := member(); r.Stdout != "internet" {
+		t.Errorf("the held member after allow_once: %q %q", r.Stdout, r.Stderr)
+	}
+	var har struct {
+		Log struct {
+			Version string
+			Entries []json.RawMessage
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join(w.Dir, "default.har"))
+	if err := json.Unmarshal(b, &har); err != nil || har.Log.Version != "1.2" || len(har.Log.Entries) == 0 {
+		t.Errorf("default.har: %v %+v", err, har.Log)
+	}
+	if pol, _ := os.ReadFile(filepath.Join(w.Dir, "default.yaml")); !strings.Contains(string(pol), "*.example.org") {
+		t.Errorf("persisted pattern not in the policy file:\n%s", pol)
+	}
+}
+
+func TestAPIApprovalWithin100ms(t *testing.T) {
+	w, cfg, _, token := apiSetup(t)
+	req, _ := http.NewRequest("GET", apiBase+"/sandboxes/default/events", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := w.HostClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	opened := make(chan time.Time, 1)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		approval := false
+		for sc.Scan() {
+			l := sc.Text()
+			approval = approval || l == "event: approval"
+			if approval && strings.HasPrefix(l, "data: ") && strings.Contains(l, `"action":"opened"`) {
+				opened <- time.Now()
+				return
+			}
+		}
+	}()
+	member := w.Start(cfg, "default", "agent", 60*time.Second, os.Args[0], "-test.run=^TestMemberHelper$", "--", "timed-get", "http://unknown.example/")
+	var seen time.Time
+	select {
+	case seen = <-opened:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no approval event on the stream")
+	}
+	id := waitPendingAPI(t, w, token)
+	posted := time.Now()
+	if code, body := call(t, w, token, "POST", "/sandboxes/default/approvals/"+id, `{"action": "allow_once"}`); code != 200 {
+		t.Fatalf("approve: %d %s", code, body)
+	}
+	r := member()
+	var sent, done int64
+	var status int
+	for _, l := range strings.Split(r.Stdout, "\n") {
+		fmt.Sscanf(l, "sent %d", &sent)
+		fmt.Sscanf(l, "done %d %d", &done, &status)
+	}
+	if sent == 0 || done == 0 || status != 200 {
+		t.Fatalf("member: %q %q", r.Stdout, r.Stderr)
+	}
+	if d := seen.Sub(time.Unix(0, sent)); d > 100*time.Millisecond {
+		t.Errorf("the approval appeared on the event stream %v after the request was sent", d)
+	}
+	if d := time.Unix(0, done).Sub(posted); d > 100*time.Millisecond {
+		t.Errorf("the request completed %v after the approving POST", d)
+	}
+}
+
+func TestAuditAndRulesSurviveKill9(t *testing.T) {
+	w, cfg, d, token := apiSetup(t)
+	if code, body := call(t, w, token, "POST", "/sandboxes/default/allowlist", `{"pattern": "other.test", "persist": true}`); code != 201 {
+		t.Fatalf("add: %d %s", code, body)
+	}
+	for _, u := range []string{"http://allowed.test/", "http://other.test/"} {
+		if r := w.Run(cfg, "default", "agent", 20*time.Second, "curl", "-sSf", u); r.Stdout != "internet" {
+			t.Fatalf("%s: %q %q", u, r.Stdout, r.Stderr)
+		}
+	}
+	d.Kill()
+	w.StartDaemon(cfg)
+	_, body := call(t, w, token, "GET", "/sandboxes/default/requests?source=agent", "")
+	var got []struct{ Host, Verdict string }
+	json.Unmarshal([]byte(body), &got)
+	hosts := map[string]bool{}
+	for _, e := range got {
+		if e.Verdict == "allow" {
+			hosts[e.Host] = true
+		}
+	}
+	if !hosts["allowed.test"] || !hosts["other.test"] {
+		t.Errorf("history after kill -9 and restart: %s", body)
+	}
+	if r := w.Run(cfg, "default", "agent", 20*time.Second, "curl", "-sSf", "http://other.test/"); r.Stdout != "internet" {
+		t.Errorf("the persisted pattern does not apply after restart: %q %q", r.Stdout, r.Stderr)
+	}
+	// The API is not reachable from the sandbox on any host address.
+	for _, u := range []string{"http://10.88.0.1:7433/healthz", "http://127.0.0.1:7433/healthz", "http://" + testworld.HostUplink + ":7433/healthz"} {
+		if r := w.Run(cfg, "default", "agent", 20*time.Second, "curl", "-sSf", "-m", "5", u); r.Code == 0 {
+			t.Errorf("%s reached from the sandbox: %q", u, r.Stdout)
+		}
+	}
+}
