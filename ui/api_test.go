@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -451,4 +452,36 @@ func FuzzAPIBodies(f *testing.F) {
 			t.Fatalf("a refused body changed the rules: %q", body)
 		}
 	})
+}
+
+func TestUnixSocketAndClient(t *testing.T) {
+	h := newAPI(t, "")
+	sock := filepath.Join(t.TempDir(), "run", "api.sock")
+	srv, err := New(Config{Listen: "unix:" + sock, TokenFile: h.srv.cfg.TokenFile, Sandboxes: h.srv.cfg.Sandboxes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket %v %v, want mode 0600", fi, err)
+	}
+	c, err := NewClient("unix:"+sock, srv.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sbs []sandboxView
+	if err := c.Do(context.Background(), "GET", "/sandboxes", nil, &sbs); err != nil || len(sbs) != 1 || sbs[0].Name != "myapp" {
+		t.Errorf("sandboxes over the socket: %+v %v", sbs, err)
+	}
+	bad, _ := NewClient("unix:"+sock, "wrong")
+	var ae *APIError
+	if err := bad.Do(context.Background(), "GET", "/sandboxes", nil, nil); !errors.As(err, &ae) || ae.Status != 401 || ae.Hint == "" {
+		t.Errorf("wrong token: %v", err)
+	}
+	if _, err := NewClient("ftp://x", "t"); err == nil {
+		t.Error("NewClient accepted ftp://")
+	}
 }

@@ -27,13 +27,24 @@ import (
 const usage = `usage:
   airlock run --sandbox NAME [--source LABEL] [--user UID[:GID]] -- CMD [ARG...]
       run CMD in the sandbox: its own network namespace on the sandbox bridge,
-      DNS through the gate, no capabilities; exits with CMD's exit code
-  airlock teardown NAME
-      remove sandbox NAME's rules, bridge and leases (airlockd re-creates them
-      on its next start if NAME is still in its config)
+      DNS through the gate, the sandbox CA trusted, no capabilities; exits with
+      CMD's exit code
+  airlock ls [SANDBOX]                       sandboxes, or one sandbox's rules
+  airlock allow SANDBOX PATTERN [--save] [--force] [--member M]
+  airlock deny SANDBOX PATTERN [--save] [--member M]
+  airlock rm RULE-ID [--sandbox S]           remove a user or session rule
+  airlock pending [SANDBOX]                  requests waiting for a decision
+  airlock approve ID [--pattern P] [--save]  allow once, or allow a pattern
+  airlock reject ID [--save]                 deny (--save: and deny the host from now on)
+  airlock log SANDBOX [-f] [--source S] [--verdict V] [--limit N]
+  airlock har SANDBOX [-o FILE]              traffic as HAR 1.2
+  airlock ca SANDBOX                         the sandbox CA certificate (PEM)
+  airlock teardown NAME                      remove sandbox NAME's rules, bridge and leases
 
-common flags (before or after the subcommand):
-  --config FILE   airlockd's config file (default $AIRLOCK_CONFIG or ` + config.DefaultPath + `)
+Finding airlockd: --api URL (or $AIRLOCK_API, default from the config: http://127.0.0.1:7433),
+the token from --token-file FILE (or the token itself in $AIRLOCK_TOKEN, default STATE_DIR/token),
+or --config FILE naming airlockd's config (or $AIRLOCK_CONFIG; default ` + config.DefaultPath + `).
+--json prints JSON.
 `
 
 func main() {
@@ -56,6 +67,9 @@ func run(args []string) int {
 		return cmdRun(args[1:])
 	case "teardown":
 		return cmdTeardown(args[1:])
+	}
+	if cmd, ok := apiCommands()[args[0]]; ok {
+		return runAPI(cmd, args[1:])
 	}
 	fmt.Fprintf(os.Stderr, "airlock: unknown command %q\n\n%s", args[0], usage)
 	return 2

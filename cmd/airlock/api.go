@@ -1,0 +1,471 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/ui"
+)
+
+// common holds the flags every API command takes.
+type common struct {
+	api, tokenFile, config string
+	json                   bool
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.api, "api", "", "airlockd's API: http://127.0.0.1:7433 or unix:/path (default $AIRLOCK_API, else from the config)")
+	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the API token (default $AIRLOCK_TOKEN, else STATE_DIR/token)")
+	fs.StringVar(&c.config, "config", "", "airlockd's config file, to find the API and the token (default $AIRLOCK_CONFIG)")
+	fs.BoolVar(&c.json, "json", false, "print JSON")
+}
+
+// client finds the daemon the same way every time: flags, then the
+// environment, then airlockd's config file.
+func (c *common) client() (*ui.Client, error) {
+	api := firstOf(c.api, os.Getenv("AIRLOCK_API"))
+	token := os.Getenv("AIRLOCK_TOKEN")
+	tokenFile := c.tokenFile
+	if api == "" || token == "" && tokenFile == "" {
+		cfg, err := loadConfig(c.config)
+		if err != nil {
+			return nil, err
+		}
+		if api == "" {
+			api = cfg.APIListen
+			if !strings.HasPrefix(api, "unix:") {
+				api = "http://" + api
+			}
+		}
+		if tokenFile == "" {
+			tokenFile = filepath.Join(cfg.StateDir, "token")
+		}
+	}
+	if tokenFile != "" && (c.tokenFile != "" || token == "") {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("read the API token: %w (run as root, or pass --token-file or AIRLOCK_TOKEN)", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	return ui.NewClient(api, token)
+}
+
+func firstOf(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return ""
+}
+
+// parse reads flags anywhere among the arguments and returns the rest.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+type apiCommand struct {
+	name, usage string
+	min, max    int // positional arguments
+	flags       func(*flag.FlagSet)
+	run         func(ctx context.Context, c *ui.Client, cm *common, args []string) error
+}
+
+var (
+	flagSave, flagForce bool
+	flagMember, flagPat string
+	flagSandbox         string
+	flagFollow          bool
+	flagSource, flagVer string
+	flagLimit           int
+	flagOut             string
+)
+
+func apiCommands() map[string]apiCommand {
+	return map[string]apiCommand{
+		"ls": {name: "ls", usage: "ls [SANDBOX]", max: 1, run: cmdLs},
+		"allow": {name: "allow", usage: "allow SANDBOX PATTERN [--save] [--force] [--member M]", min: 2, max: 2,
+			flags: ruleFlags, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+				return addRule(ctx, c, cm, "allowlist", a)
+			}},
+		"deny": {name: "deny", usage: "deny SANDBOX PATTERN [--save] [--member M]", min: 2, max: 2,
+			flags: ruleFlags, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+				return addRule(ctx, c, cm, "denylist", a)
+			}},
+		"rm": {name: "rm", usage: "rm RULE-ID [--sandbox S]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&flagSandbox, "sandbox", "", "the rule's sandbox (default: search all)")
+		}, run: cmdRm},
+		"pending": {name: "pending", usage: "pending [SANDBOX]", max: 1, run: cmdPending},
+		"approve": {name: "approve", usage: "approve ID [--pattern P] [--save] [--force]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&flagPat, "pattern", "", "allow this pattern (default: allow this request once)")
+			fs.BoolVar(&flagSave, "save", false, "save the pattern to the sandbox's policy file")
+			fs.BoolVar(&flagForce, "force", false, "accept a broad pattern")
+		}, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+			return decideCmd(ctx, c, cm, a[0], true)
+		}},
+		"reject": {name: "reject", usage: "reject ID [--save]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&flagSave, "save", false, "save a deny rule for the host to the sandbox's policy file")
+		}, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+			return decideCmd(ctx, c, cm, a[0], false)
+		}},
+		"log": {name: "log", usage: "log SANDBOX [-f] [--source S] [--verdict V] [--limit N]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&flagFollow, "f", false, "follow: print new records as they happen")
+			fs.StringVar(&flagSource, "source", "", "only this member")
+			fs.StringVar(&flagVer, "verdict", "", "only allow or deny")
+			fs.IntVar(&flagLimit, "limit", 50, "how many past records")
+		}, run: cmdLog},
+		"har": {name: "har", usage: "har SANDBOX [-o FILE]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&flagOut, "o", "", "write to FILE (default stdout)")
+		}, run: cmdHAR},
+		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+			var pem []byte
+			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {
+				return err
+			}
+			_, err := os.Stdout.Write(pem)
+			return err
+		}},
+	}
+}
+
+func ruleFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&flagSave, "save", false, "save to the sandbox's policy file (default: this session only)")
+	fs.BoolVar(&flagForce, "force", false, "accept a broad pattern")
+	fs.StringVar(&flagMember, "member", "", "apply only to this member (source label)")
+}
+
+// runAPI runs an API subcommand; it returns the exit code.
+func runAPI(cmd apiCommand, args []string) int {
+	fs := flag.NewFlagSet("airlock "+cmd.name, flag.ContinueOnError)
+	var cm common
+	cm.register(fs)
+	if cmd.flags != nil {
+		cmd.flags(fs)
+	}
+	pos, err := parse(fs, args)
+	if err != nil {
+		return 2
+	}
+	if len(pos) < cmd.min || len(pos) > cmd.max {
+		fmt.Fprintf(os.Stderr, "usage: airlock %s\n", cmd.usage)
+		return 2
+	}
+	c, err := cm.client()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock %s: %v\n", cmd.name, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := cmd.run(ctx, c, &cm, pos); err != nil {
+		fmt.Fprintf(os.Stderr, "airlock %s: %v\n", cmd.name, err)
+		return 1
+	}
+	return 0
+}
+
+func sbPath(sandbox, rest string) string { return "/sandboxes/" + url.PathEscape(sandbox) + rest }
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func table(header string, rows [][]string) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, header)
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
+	}
+	w.Flush()
+}
+
+type sandboxInfo struct {
+	Name, Subnet, Policy string
+	UnknownAction        string `json:"unknown_action"`
+	Rules, Pending       int
+}
+
+type ruleInfo struct {
+	ID, Pattern, Type, Tier, List, Source, Member string
+}
+
+func cmdLs(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	if len(a) == 0 {
+		var sbs []sandboxInfo
+		if err := c.Do(ctx, "GET", "/sandboxes", nil, &sbs); err != nil {
+			return err
+		}
+		if cm.json {
+			return printJSON(sbs)
+		}
+		var rows [][]string
+		for _, s := range sbs {
+			rows = append(rows, []string{s.Name, s.Subnet, s.UnknownAction, fmt.Sprint(s.Rules), fmt.Sprint(s.Pending), s.Policy})
+		}
+		table("SANDBOX\tSUBNET\tUNKNOWN\tRULES\tPENDING\tPOLICY", rows)
+		return nil
+	}
+	var rules []ruleInfo
+	for _, l := range []string{"allowlist", "denylist"} {
+		var rs []ruleInfo
+		if err := c.Do(ctx, "GET", sbPath(a[0], "/"+l), nil, &rs); err != nil {
+			return err
+		}
+		rules = append(rules, rs...)
+	}
+	if cm.json {
+		return printJSON(rules)
+	}
+	var rows [][]string
+	for _, r := range rules {
+		list := "allow"
+		if r.List == "denylist" {
+			list = "deny"
+		}
+		rows = append(rows, []string{r.ID, list, r.Tier, r.Type, r.Pattern, r.Member, r.Source})
+	}
+	table("ID\tLIST\tTIER\tTYPE\tPATTERN\tMEMBER\tSOURCE", rows)
+	return nil
+}
+
+func addRule(ctx context.Context, c *ui.Client, cm *common, list string, a []string) error {
+	var r ruleInfo
+	body := map[string]any{"pattern": a[1], "persist": flagSave, "force": flagForce, "member": flagMember, "source": "added with the airlock command"}
+	if err := c.Do(ctx, "POST", sbPath(a[0], "/"+list), body, &r); err != nil {
+		return err
+	}
+	if cm.json {
+		return printJSON(r)
+	}
+	where := "for this session"
+	if r.Tier == "user" {
+		where = "saved to the policy file"
+	}
+	fmt.Printf("%s %s in %s %s (id %s)\n", strings.TrimSuffix(list, "list")+"ed", r.Pattern, a[0], where, r.ID)
+	return nil
+}
+
+func sandboxNames(ctx context.Context, c *ui.Client) ([]string, error) {
+	var sbs []sandboxInfo
+	if err := c.Do(ctx, "GET", "/sandboxes", nil, &sbs); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, s := range sbs {
+		out = append(out, s.Name)
+	}
+	return out, nil
+}
+
+func cmdRm(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	names := []string{flagSandbox}
+	if flagSandbox == "" {
+		var err error
+		if names, err = sandboxNames(ctx, c); err != nil {
+			return err
+		}
+	}
+	for _, sb := range names {
+		for _, l := range []string{"allowlist", "denylist"} {
+			var r ruleInfo
+			err := c.Do(ctx, "DELETE", sbPath(sb, "/"+l+"/"+url.PathEscape(a[0])), nil, &r)
+			var ae *ui.APIError
+			if errors.As(err, &ae) && ae.Status == 404 {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if cm.json {
+				return printJSON(r)
+			}
+			fmt.Printf("removed %s from %s of %s\n", r.Pattern, l, sb)
+			return nil
+		}
+	}
+	return fmt.Errorf("no user or session rule %q (airlock ls SANDBOX lists the ids)", a[0])
+}
+
+type pendingInfo struct {
+	ID, Source, URL, Host string
+	Sandbox               string  `json:"sandbox"`
+	SecondsLeft           float64 `json:"seconds_left"`
+	Waiting               int
+	Suggestions           []struct{ Pattern string }
+}
+
+func allPending(ctx context.Context, c *ui.Client, only string) ([]pendingInfo, error) {
+	names := []string{only}
+	if only == "" {
+		var err error
+		if names, err = sandboxNames(ctx, c); err != nil {
+			return nil, err
+		}
+	}
+	var out []pendingInfo
+	for _, sb := range names {
+		var ps []pendingInfo
+		if err := c.Do(ctx, "GET", sbPath(sb, "/approvals"), nil, &ps); err != nil {
+			return nil, err
+		}
+		for i := range ps {
+			ps[i].Sandbox = sb
+		}
+		out = append(out, ps...)
+	}
+	return out, nil
+}
+
+func cmdPending(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	ps, err := allPending(ctx, c, firstOf(a...))
+	if err != nil {
+		return err
+	}
+	if cm.json {
+		if ps == nil {
+			ps = []pendingInfo{}
+		}
+		return printJSON(ps)
+	}
+	var rows [][]string
+	for _, p := range ps {
+		var sugg []string
+		for _, s := range p.Suggestions {
+			sugg = append(sugg, s.Pattern)
+		}
+		rows = append(rows, []string{p.ID, p.Sandbox, p.Source, p.URL, fmt.Sprintf("%.0fs", p.SecondsLeft), strings.Join(sugg, " ")})
+	}
+	table("ID\tSANDBOX\tSOURCE\tURL\tLEFT\tSUGGESTED PATTERNS", rows)
+	return nil
+}
+
+func decideCmd(ctx context.Context, c *ui.Client, cm *common, id string, allow bool) error {
+	ps, err := allPending(ctx, c, "")
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		if p.ID != id {
+			continue
+		}
+		body := map[string]any{"action": "deny", "persist": flagSave}
+		switch {
+		case allow && flagPat != "":
+			body = map[string]any{"action": "allow_pattern", "pattern": flagPat, "persist": flagSave, "force": flagForce}
+		case allow:
+			body = map[string]any{"action": "allow_once"}
+		}
+		var out map[string]any
+		if err := c.Do(ctx, "POST", sbPath(p.Sandbox, "/approvals/"+url.PathEscape(id)), body, &out); err != nil {
+			return err
+		}
+		if cm.json {
+			return printJSON(out)
+		}
+		fmt.Printf("%s: %s %s\n", body["action"], p.Sandbox, p.URL)
+		return nil
+	}
+	return fmt.Errorf("no pending approval %q (airlock pending lists them)", id)
+}
+
+func logLine(e audit.Entry) string {
+	what := e.URL
+	if what == "" {
+		what = e.Host
+		if e.Port != 0 {
+			what += fmt.Sprintf(":%d", e.Port)
+		}
+	}
+	extra := e.Rule
+	if e.Status != 0 {
+		extra = fmt.Sprintf("%d %s", e.Status, e.Rule)
+	}
+	kind := e.Kind
+	if e.Method != "" {
+		kind = e.Method
+	}
+	verdict := firstOf(e.Verdict, e.Action)
+	return strings.TrimSpace(fmt.Sprintf("%s %-8s %-10s %-12s %s %s", e.Time.Local().Format("15:04:05"), verdict, kind, e.Source, what, extra))
+}
+
+func cmdLog(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	q := url.Values{}
+	if flagSource != "" {
+		q.Set("source", flagSource)
+	}
+	if flagVer != "" {
+		q.Set("verdict", flagVer)
+	}
+	q.Set("limit", fmt.Sprint(flagLimit))
+	var es []audit.Entry
+	if err := c.Do(ctx, "GET", sbPath(a[0], "/requests?"+q.Encode()), nil, &es); err != nil {
+		return err
+	}
+	show := func(e audit.Entry) {
+		if cm.json {
+			b, _ := json.Marshal(e)
+			fmt.Println(string(b))
+			return
+		}
+		fmt.Println(logLine(e))
+	}
+	for _, e := range es {
+		show(e)
+	}
+	if !flagFollow {
+		return nil
+	}
+	return c.Events(ctx, a[0], func(e audit.Entry) {
+		if (e.Kind == audit.KindConnection || e.Kind == audit.KindRequest || e.Kind == audit.KindApproval) &&
+			(flagSource == "" || e.Source == flagSource) && (flagVer == "" || e.Verdict == flagVer) {
+			show(e)
+		}
+	})
+}
+
+func cmdHAR(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	var har []byte
+	if err := c.Do(ctx, "GET", sbPath(a[0], "/requests.har?limit=100000"), nil, &har); err != nil {
+		return err
+	}
+	var w io.Writer = os.Stdout
+	if flagOut != "" {
+		f, err := os.OpenFile(flagOut, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	_, err := w.Write(har)
+	return err
+}

@@ -1,0 +1,138 @@
+package ui
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/audit"
+)
+
+// Client talks to airlockd's API, as the `airlock` command does.
+type Client struct {
+	base  string // http://host:port
+	token string
+	http  *http.Client
+}
+
+// NewClient returns a client for api ("http://127.0.0.1:7433" or
+// "unix:/path") with the token.
+func NewClient(api, token string) (*Client, error) {
+	c := &Client{token: token, http: &http.Client{Timeout: 30 * time.Second}}
+	if path, ok := strings.CutPrefix(api, "unix:"); ok {
+		c.base = "http://airlockd"
+		c.http.Transport = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}}
+		return c, nil
+	}
+	u, err := url.Parse(api)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return nil, fmt.Errorf("API address %q: want http://HOST:PORT or unix:/PATH", api)
+	}
+	c.base = strings.TrimRight(api, "/")
+	return c, nil
+}
+
+// APIError is an error the API answered with.
+type APIError struct {
+	Status  int
+	Message string `json:"error"`
+	Hint    string `json:"hint"`
+}
+
+func (e *APIError) Error() string {
+	if e.Hint != "" {
+		return e.Message + " (" + e.Hint + ")"
+	}
+	return e.Message
+}
+
+// Do sends a request to path (under /api/v1) with an optional JSON body
+// and decodes the JSON answer into out (when not nil).
+func (c *Client) Do(ctx context.Context, method, path string, body, out any) error {
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+"/api/v1"+path, r)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach airlockd at %s: %w (is it running? see --api and --config)", c.base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		ae := &APIError{Status: resp.StatusCode}
+		if json.Unmarshal(b, ae) != nil || ae.Message == "" {
+			ae.Message = fmt.Sprintf("airlockd answered %s", resp.Status)
+		}
+		return ae
+	}
+	if out == nil {
+		return nil
+	}
+	if raw, ok := out.(*[]byte); ok {
+		*raw = b
+		return nil
+	}
+	return json.Unmarshal(b, out)
+}
+
+// Events calls f for each entry on a sandbox's event stream until ctx
+// ends or the stream does.
+func (c *Client) Events(ctx context.Context, sandbox string, f func(audit.Entry)) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", c.base+"/api/v1/sandboxes/"+url.PathEscape(sandbox)+"/events", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	hc := *c.http
+	hc.Timeout = 0
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach airlockd at %s: %w", c.base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		ae := &APIError{Status: resp.StatusCode}
+		json.Unmarshal(b, ae)
+		return ae
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			var e audit.Entry
+			if json.Unmarshal([]byte(data), &e) == nil {
+				f(e)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return sc.Err()
+}
