@@ -196,3 +196,39 @@ func TestAuditAndRulesSurviveKill9(t *testing.T) {
 		}
 	}
 }
+
+func TestAPISandboxLifecycle(t *testing.T) {
+	w, cfg, d, token := apiSetup(t)
+	code, body := call(t, w, token, "POST", "/sandboxes", `{"name": "made", "subnet": "10.88.7.0/24"}`)
+	if code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	if code, body := call(t, w, token, "POST", "/sandboxes", `{"name": "clash", "subnet": "10.88.0.128/25"}`); code != 400 || !strings.Contains(body, "overlaps") {
+		t.Errorf("overlapping subnet: %d %s", code, body)
+	}
+	// The new sandbox cages its members like any other.
+	if r := w.Run(cfg, "made", "agent", 20*time.Second, "dig", "+short", "+tries=2", "allowed.test"); !inFakePool(t, r.Stdout) {
+		t.Errorf("dig in the new sandbox: %q %q", r.Stdout, r.Stderr)
+	}
+	if r := w.Run(cfg, "made", "agent", 20*time.Second, "curl", "-sSf", "-m", "5", "http://"+testworld.WebAddr+"/"); r.Code == 0 {
+		t.Errorf("raw IP from the new sandbox: %q", r.Stdout)
+	}
+	// It comes back after a restart.
+	d.Kill()
+	w.StartDaemon(cfg)
+	if _, body := call(t, w, token, "GET", "/sandboxes", ""); !strings.Contains(body, `"name":"made"`) {
+		t.Errorf("after restart: %s", body)
+	}
+	if code, _ := call(t, w, token, "DELETE", "/sandboxes/default", ""); code != 409 {
+		t.Errorf("deleting a config-file sandbox: %d, want 409", code)
+	}
+	if code, body := call(t, w, token, "DELETE", "/sandboxes/made", ""); code != 200 {
+		t.Fatalf("delete: %d %s", code, body)
+	}
+	if out, _ := w.HostExec("ip", "link", "show", "al-made"); !strings.Contains(out, "does not exist") {
+		t.Errorf("bridge still there: %s", out)
+	}
+	if out, _ := w.HostExec("nft", "list", "table", "inet", "airlock"); strings.Contains(out, "al-made") || !strings.Contains(out, "al-default") {
+		t.Errorf("rules after delete:\n%s", out)
+	}
+}

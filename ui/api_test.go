@@ -485,3 +485,46 @@ func TestUnixSocketAndClient(t *testing.T) {
 		t.Error("NewClient accepted ftp://")
 	}
 }
+
+type fakeManager struct {
+	h       *apiHarness
+	created []string
+}
+
+func (m *fakeManager) CreateSandbox(name, pol, subnet string) (Sandbox, error) {
+	if subnet == "bad" {
+		return nil, &ManagerError{Msg: "subnet \"bad\": want an IPv4 prefix"}
+	}
+	m.created = append(m.created, name)
+	return m.h.sb, nil
+}
+
+func (m *fakeManager) DeleteSandbox(name string) error {
+	if name == "myapp" {
+		return &ManagerError{Msg: "defined in the config file", Conflict: true}
+	}
+	return &ManagerError{Msg: "no sandbox", NotFound: true}
+}
+
+func TestSandboxCreateDelete(t *testing.T) {
+	h := newAPI(t, "")
+	m := &fakeManager{h: h}
+	h.srv.cfg.Manager = m
+	h.srv.e = h.srv.routes()
+	h.ts.Config.Handler = h.srv.e
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes", `{"name": "new", "subnet": "10.88.9.0/24"}`); code != 201 || len(m.created) != 1 {
+		t.Errorf("create: %d %s", code, body)
+	}
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes", `{"name": "new", "subnet": "bad"}`); code != 400 || !strings.Contains(body, "IPv4") {
+		t.Errorf("bad subnet: %d %s", code, body)
+	}
+	if code, _ := h.do(t, "POST", "/api/v1/sandboxes", `{"name": "new"}`); code != 400 {
+		t.Errorf("no subnet: %d", code)
+	}
+	if code, _ := h.do(t, "DELETE", "/api/v1/sandboxes/myapp", ""); code != 409 {
+		t.Errorf("delete config sandbox: %d", code)
+	}
+	if code, _ := h.do(t, "DELETE", "/api/v1/sandboxes/nosuch", ""); code != 404 {
+		t.Errorf("delete missing sandbox: %d", code)
+	}
+}

@@ -43,6 +43,47 @@ func (s *Server) listSandboxes(c echo.Context) error {
 	return c.JSON(http.StatusOK, out)
 }
 
+func managerError(err error) error {
+	var me *ManagerError
+	if errors.As(err, &me) {
+		status := http.StatusBadRequest
+		switch {
+		case me.NotFound:
+			status = http.StatusNotFound
+		case me.Conflict:
+			status = http.StatusConflict
+		}
+		return fail(status, me.Msg, me.Hint)
+	}
+	return fail(http.StatusInternalServerError, err.Error(), "")
+}
+
+func (s *Server) createSandbox(c echo.Context) error {
+	var b struct {
+		Name   string `json:"name"`
+		Policy string `json:"policy"`
+		Subnet string `json:"subnet"`
+	}
+	if err := decode(c, &b); err != nil {
+		return err
+	}
+	if b.Name == "" || b.Subnet == "" {
+		return fail(http.StatusBadRequest, "name and subnet are required", `send {"name": "myapp", "subnet": "10.88.5.0/24", "policy": "/path/to/app.yaml"}`)
+	}
+	sb, err := s.cfg.Manager.CreateSandbox(b.Name, b.Policy, b.Subnet)
+	if err != nil {
+		return managerError(err)
+	}
+	return c.JSON(http.StatusCreated, viewSandbox(sb))
+}
+
+func (s *Server) deleteSandbox(c echo.Context) error {
+	if err := s.cfg.Manager.DeleteSandbox(c.Param("sb")); err != nil {
+		return managerError(err)
+	}
+	return c.JSON(http.StatusOK, map[string]string{"deleted": c.Param("sb")})
+}
+
 func (s *Server) getSandbox(c echo.Context) error {
 	return c.JSON(http.StatusOK, viewSandbox(sandboxOf(c)))
 }

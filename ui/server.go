@@ -38,6 +38,23 @@ type Sandbox interface {
 	CAPEM() []byte
 }
 
+// Manager creates and deletes sandboxes at run time (airlockd).
+type Manager interface {
+	// CreateSandbox starts a sandbox; policy may be "" for the default
+	// path. A *ManagerError says what was wrong with the request.
+	CreateSandbox(name, policy, subnet string) (Sandbox, error)
+	// DeleteSandbox stops a sandbox and removes its network.
+	DeleteSandbox(name string) error
+}
+
+// ManagerError is a Manager's refusal of a request.
+type ManagerError struct {
+	Msg, Hint          string
+	NotFound, Conflict bool
+}
+
+func (e *ManagerError) Error() string { return e.Msg }
+
 // Config configures a Server.
 type Config struct {
 	// Listen is "127.0.0.1:PORT" (loopback only) or "unix:/path". Required.
@@ -47,6 +64,8 @@ type Config struct {
 	TokenFile string
 	// Sandboxes returns the running sandboxes. Required.
 	Sandboxes func() []Sandbox
+	// Manager creates and deletes sandboxes; nil means the API cannot.
+	Manager Manager
 	// Registry receives the metrics served at /metrics; nil means none.
 	Registry *prometheus.Registry
 	// Logger; nil means slog.Default().
@@ -236,6 +255,10 @@ func (s *Server) routes() *echo.Echo {
 	e.POST("/api/v1/login", s.login)
 	api := e.Group("/api/v1", s.auth)
 	api.GET("/sandboxes", s.listSandboxes)
+	if s.cfg.Manager != nil {
+		api.POST("/sandboxes", s.createSandbox)
+		api.DELETE("/sandboxes/:sb", s.deleteSandbox)
+	}
 	sb := api.Group("/sandboxes/:sb", s.withSandbox)
 	sb.GET("", s.getSandbox)
 	for _, l := range []policy.List{policy.Allowlist, policy.Denylist} {

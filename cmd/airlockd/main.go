@@ -11,26 +11,17 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"github.com/google/nftables"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vishvananda/netlink"
 
-	"github.com/airlockhq/airlock/dnsgate"
-	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/internal/config"
-	"github.com/airlockhq/airlock/internal/metrics"
 	"github.com/airlockhq/airlock/netns"
-	"github.com/airlockhq/airlock/policy"
 	"github.com/airlockhq/airlock/tproxy"
-	"github.com/airlockhq/airlock/ui"
 )
 
 func main() {
@@ -86,9 +77,6 @@ func run() int {
 	d, err := start(ctx, cfg, log)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "airlockd: %v\n", err)
-		if d != nil {
-			d.close()
-		}
 		return 1
 	}
 	<-ctx.Done()
@@ -103,221 +91,6 @@ func loadConfig(path string, explicit bool) (*config.Config, error) {
 		return config.Default(), nil
 	}
 	return cfg, err
-}
-
-type daemon struct {
-	log       *slog.Logger
-	closers   []func() error
-	sandboxes []*sandbox
-	api       *ui.Server
-}
-
-// sandbox is a running sandbox, as the API sees it.
-type sandbox struct {
-	name    string
-	subnet  string
-	policy  *policy.Sandbox
-	broker  *policy.Broker
-	journal *audit.Journal
-	ca      *tproxy.CA
-	proxy   *tproxy.Proxy
-}
-
-func (s *sandbox) Name() string            { return s.name }
-func (s *sandbox) Subnet() string          { return s.subnet }
-func (s *sandbox) Policy() *policy.Sandbox { return s.policy }
-func (s *sandbox) Broker() *policy.Broker  { return s.broker }
-func (s *sandbox) Journal() *audit.Journal { return s.journal }
-func (s *sandbox) CAPEM() []byte           { return s.ca.CertPEM() }
-
-func (d *daemon) uiSandboxes() []ui.Sandbox {
-	out := make([]ui.Sandbox, len(d.sandboxes))
-	for i, s := range d.sandboxes {
-		out[i] = s
-	}
-	return out
-}
-
-func (d *daemon) close() {
-	for i := len(d.closers) - 1; i >= 0; i-- {
-		if err := d.closers[i](); err != nil {
-			d.log.Warn("close", "err", err)
-		}
-	}
-}
-
-func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, error) {
-	d := &daemon{log: log}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("state_dir: %w", err)
-	}
-	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
-		return nil, fmt.Errorf("run_dir: %w", err)
-	}
-	h, err := netlink.NewHandle()
-	if err != nil {
-		return nil, fmt.Errorf("netlink: %w", err)
-	}
-	d.closers = append(d.closers, func() error { h.Close(); return nil })
-	conn, err := nftables.New()
-	if err != nil {
-		return d, fmt.Errorf("nftables: %w", err)
-	}
-
-	nets := make([]netns.Network, len(cfg.Sandboxes))
-	rules := tproxy.RulesConfig{ProxyPort: cfg.ProxyPort, MemberVethPrefix: netns.MemberVethPrefix}
-	for i, sb := range cfg.Sandboxes {
-		n, err := netns.NewNetwork(sb.Name, sb.Subnet)
-		if err != nil {
-			return d, err
-		}
-		nets[i] = n
-		rules.Sandboxes = append(rules.Sandboxes, tproxy.SandboxNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway})
-	}
-	// Rules first: a bridge is caged from the moment it exists.
-	if err := tproxy.EnsureRules(conn, rules); err != nil {
-		return d, err
-	}
-	for _, n := range nets {
-		if err := n.Ensure(h); err != nil {
-			return d, err
-		}
-	}
-
-	pool, err := dnsgate.NewPool(cfg.FakeIPPool)
-	if err != nil {
-		return d, err
-	}
-	servers, err := dnsgate.ParseUpstreams(cfg.UpstreamDNS, "/etc/resolv.conf")
-	if err != nil {
-		return d, err
-	}
-	upstream, err := dnsgate.NewUpstream(servers, 0)
-	if err != nil {
-		return d, err
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mets := metrics.New(reg)
-	roots, err := upstreamRoots(cfg.UpstreamCAFile)
-	if err != nil {
-		return d, err
-	}
-	for i, sb := range cfg.Sandboxes {
-		n := nets[i]
-		pol, err := policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy})
-		if err != nil {
-			return d, err
-		}
-		guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{
-			MaxLabelLen:   cfg.Exfil.MaxLabelLen,
-			MaxSubdomains: cfg.Exfil.MaxSubdomainsPerMinute,
-			AlertOnly:     cfg.Exfil.AlertOnly,
-		}, nil)
-		if err != nil {
-			return d, err
-		}
-		journal, err := audit.Open(audit.Config{Dir: filepath.Join(cfg.StateDir, "audit", sb.Name)})
-		if err != nil {
-			return d, err
-		}
-		d.closers = append(d.closers, journal.Close)
-		record := func(e audit.Entry) {
-			e.Sandbox = sb.Name
-			mets.Observe(journal.Add(e))
-		}
-		leases := cfg.LeaseDir(sb.Name)
-		gate, err := dnsgate.New(dnsgate.Config{
-			Sandbox:  sb.Name,
-			Listen:   netip.AddrPortFrom(n.Gateway, 53),
-			Clients:  n.Subnet,
-			Policy:   pol,
-			Pool:     pool,
-			Upstream: upstream,
-			Guard:    guard,
-			Members:  func(a netip.Addr) string { return netns.LeaseSource(leases, a) },
-			OnEvent:  func(e dnsgate.Event) { record(dnsEntry(e)) },
-			Logger:   log,
-		})
-		if err != nil {
-			return d, err
-		}
-		if err := gate.Start(); err != nil {
-			return d, err
-		}
-		d.closers = append(d.closers, gate.Close)
-		broker, err := policy.NewBroker(policy.BrokerConfig{Sandbox: pol, OnEvent: func(e policy.BrokerEvent) {
-			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
-				"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting)
-			record(approvalEntry(e))
-		}})
-		if err != nil {
-			return d, err
-		}
-		ca, err := tproxy.LoadOrCreateCA(filepath.Join(cfg.StateDir, "ca", sb.Name), sb.Name)
-		if err != nil {
-			return d, err
-		}
-		proxy, err := tproxy.New(tproxy.Config{
-			Sandbox:       sb.Name,
-			Listen:        netip.AddrPortFrom(n.Gateway, cfg.ProxyPort),
-			Policy:        pol,
-			Approvals:     broker,
-			Names:         pool,
-			Resolve:       dnsgate.NewResolver(upstream, guard, nil).LookupA,
-			Members:       func(a netip.Addr) string { return netns.LeaseSource(leases, a) },
-			OnRecord:      func(r tproxy.Record) { record(connEntry(r)) },
-			OnRequest:     func(r tproxy.RequestRecord) { record(requestEntry(r)) },
-			CA:            ca,
-			UpstreamRoots: roots,
-			InspectAll:    pol.InspectAll,
-			Logger:        log,
-			ApprovalURL:   "http://" + cfg.APIListen + "/",
-		})
-		if err != nil {
-			return d, err
-		}
-		if err := proxy.Start(); err != nil {
-			return d, err
-		}
-		d.closers = append(d.closers, proxy.Close)
-		d.sandboxes = append(d.sandboxes, &sandbox{name: sb.Name, subnet: n.Subnet.String(), policy: pol, broker: broker, journal: journal, ca: ca, proxy: proxy})
-		reg.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_pending_approvals", Help: "Approvals waiting for a person.", ConstLabels: prometheus.Labels{"sandbox": sb.Name}},
-				func() float64 { return float64(len(broker.List())) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_open_connections", Help: "Connections the proxy holds open.", ConstLabels: prometheus.Labels{"sandbox": sb.Name}},
-				func() float64 { return float64(proxy.Active()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_cert_cache_entries", Help: "Cached leaf certificates.", ConstLabels: prometheus.Labels{"sandbox": sb.Name}},
-				func() float64 { return float64(ca.CacheLen()) }),
-		)
-		log.Info("sandbox ready", "sandbox", sb.Name, "bridge", n.Bridge, "subnet", n.Subnet.String(),
-			"gate", n.Gateway.String()+":53", "policy", sb.Policy, "rules", len(pol.Rules()))
-	}
-	api, err := ui.New(ui.Config{
-		Listen:    cfg.APIListen,
-		TokenFile: filepath.Join(cfg.StateDir, "token"),
-		Sandboxes: d.uiSandboxes,
-		Registry:  reg,
-		Logger:    log,
-	})
-	if err != nil {
-		return d, err
-	}
-	if err := api.Start(); err != nil {
-		return d, err
-	}
-	d.closers = append(d.closers, api.Close)
-	d.api = api
-	log.Info("airlockd ready", "config", cfg.Path, "upstream_dns", servers, "sandboxes", len(cfg.Sandboxes),
-		"api", apiURL(cfg.APIListen), "token_file", filepath.Join(cfg.StateDir, "token"))
-	return d, nil
-}
-
-func apiURL(listen string) string {
-	if strings.HasPrefix(listen, "unix:") {
-		return listen
-	}
-	return "http://" + listen + "/"
 }
 
 // upstreamRoots are the system roots plus the certificates in file (the

@@ -163,42 +163,52 @@ func Parse(name string, data []byte) (*Config, error) {
 	if len(fc.Sandboxes) == 0 {
 		return nil, bad("no sandboxes; add one under sandboxes: (name, subnet)")
 	}
-	names := map[string]bool{}
 	for i, s := range fc.Sandboxes {
-		where := fmt.Sprintf("sandboxes[%d]", i)
-		if err := policy.ValidName(s.Name); err != nil {
-			return nil, bad("%s: %v", where, err)
+		sb, err := c.NewSandbox(s.Name, s.Policy, s.Subnet, filepath.Dir(name))
+		if err != nil {
+			return nil, bad("sandboxes[%d]: %v", i, err)
 		}
-		if names[s.Name] {
-			return nil, bad("%s: sandbox %q twice", where, s.Name)
-		}
-		names[s.Name] = true
-		subnet, err := netip.ParsePrefix(s.Subnet)
-		switch {
-		case err != nil || !subnet.Addr().Is4():
-			return nil, bad("%s.subnet %q: want an IPv4 prefix such as 10.88.0.0/24", where, s.Subnet)
-		case subnet.Masked() != subnet:
-			return nil, bad("%s.subnet %s has host bits set; did you mean %s?", where, subnet, subnet.Masked())
-		case subnet.Bits() > 29 || subnet.Bits() < 16:
-			return nil, bad("%s.subnet %s: want a size from /16 to /29", where, subnet)
-		case subnet.Overlaps(pool):
-			return nil, bad("%s.subnet %s overlaps fake_ip_pool %s", where, subnet, pool)
-		}
-		for j, o := range c.Sandboxes {
-			if o.Subnet.Overlaps(subnet) {
-				return nil, bad("%s.subnet %s overlaps sandboxes[%d] (%s, %s)", where, subnet, j, o.Name, o.Subnet)
-			}
-		}
-		p := s.Policy
-		switch {
-		case p == "":
-			p = filepath.Join(c.StateDir, "sandboxes", s.Name+".yaml")
-		case !filepath.IsAbs(p):
-			p = filepath.Join(filepath.Dir(name), p)
-		}
-		c.Sandboxes = append(c.Sandboxes, Sandbox{Name: s.Name, Policy: p, Subnet: subnet})
+		c.Sandboxes = append(c.Sandboxes, sb)
 	}
 	return c, nil
+}
+
+// NewSandbox checks a sandbox against the config and the sandboxes already
+// in it (name free, subnet free and outside the fake-IP pool) and returns
+// it. A relative policy path is taken relative to dir; an empty one means
+// STATE_DIR/sandboxes/NAME.yaml.
+func (c *Config) NewSandbox(name, policyPath, subnet, dir string) (Sandbox, error) {
+	if err := policy.ValidName(name); err != nil {
+		return Sandbox{}, err
+	}
+	for _, o := range c.Sandboxes {
+		if o.Name == name {
+			return Sandbox{}, fmt.Errorf("sandbox %q twice", name)
+		}
+	}
+	p, err := netip.ParsePrefix(subnet)
+	switch {
+	case err != nil || !p.Addr().Is4():
+		return Sandbox{}, fmt.Errorf("subnet %q: want an IPv4 prefix such as 10.88.0.0/24", subnet)
+	case p.Masked() != p:
+		return Sandbox{}, fmt.Errorf("subnet %s has host bits set; did you mean %s?", p, p.Masked())
+	case p.Bits() > 29 || p.Bits() < 16:
+		return Sandbox{}, fmt.Errorf("subnet %s: want a size from /16 to /29", p)
+	case p.Overlaps(c.FakeIPPool):
+		return Sandbox{}, fmt.Errorf("subnet %s overlaps fake_ip_pool %s", p, c.FakeIPPool)
+	}
+	for j, o := range c.Sandboxes {
+		if o.Subnet.Overlaps(p) {
+			return Sandbox{}, fmt.Errorf("subnet %s overlaps sandboxes[%d] (%s, %s)", p, j, o.Name, o.Subnet)
+		}
+	}
+	switch {
+	case policyPath == "":
+		policyPath = filepath.Join(c.StateDir, "sandboxes", name+".yaml")
+	case !filepath.IsAbs(policyPath):
+		policyPath = filepath.Join(dir, policyPath)
+	}
+	return Sandbox{Name: name, Policy: filepath.Clean(policyPath), Subnet: p}, nil
 }
 
 func checkAPIListen(s string) error {

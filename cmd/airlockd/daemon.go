@@ -1,0 +1,442 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/vishvananda/netlink"
+
+	"github.com/airlockhq/airlock/dnsgate"
+	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/internal/config"
+	"github.com/airlockhq/airlock/internal/metrics"
+	"github.com/airlockhq/airlock/netns"
+	"github.com/airlockhq/airlock/policy"
+	"github.com/airlockhq/airlock/tproxy"
+	"github.com/airlockhq/airlock/ui"
+)
+
+// daemon is a running airlockd: the shared pieces, and the sandboxes.
+type daemon struct {
+	ctx      context.Context
+	cfg      *config.Config
+	log      *slog.Logger
+	h        *netlink.Handle
+	conn     *nftables.Conn
+	pool     *dnsgate.Pool
+	upstream *dnsgate.Upstream
+	servers  []string
+	roots    *x509.CertPool
+	reg      *prometheus.Registry
+	mets     *metrics.Metrics
+	api      *ui.Server
+
+	// mu serialises sandbox changes and guards sandboxes.
+	mu        sync.Mutex
+	sandboxes []*sandbox
+}
+
+// sandbox is a running sandbox, as the API sees it.
+type sandbox struct {
+	cfg     config.Sandbox
+	fromAPI bool // created through the API, remembered in STATE_DIR/sandboxes.json
+	net     netns.Network
+	policy  *policy.Sandbox
+	broker  *policy.Broker
+	journal *audit.Journal
+	ca      *tproxy.CA
+	proxy   *tproxy.Proxy
+	closers []func() error
+	gauges  []prometheus.Collector
+}
+
+func (s *sandbox) Name() string            { return s.cfg.Name }
+func (s *sandbox) Subnet() string          { return s.cfg.Subnet.String() }
+func (s *sandbox) Policy() *policy.Sandbox { return s.policy }
+func (s *sandbox) Broker() *policy.Broker  { return s.broker }
+func (s *sandbox) Journal() *audit.Journal { return s.journal }
+func (s *sandbox) CAPEM() []byte           { return s.ca.CertPEM() }
+
+func (s *sandbox) stop(log *slog.Logger) {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		if err := s.closers[i](); err != nil {
+			log.Warn("close", "sandbox", s.cfg.Name, "err", err)
+		}
+	}
+	s.closers = nil
+}
+
+// start brings up what every sandbox shares, then each configured and
+// API-made sandbox, then the API. On error, what started is stopped.
+func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, error) {
+	d := &daemon{ctx: ctx, cfg: cfg, log: log}
+	if err := d.init(); err != nil {
+		d.close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *daemon) init() error {
+	cfg := d.cfg
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state_dir: %w", err)
+	}
+	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
+		return fmt.Errorf("run_dir: %w", err)
+	}
+	var err error
+	if d.h, err = netlink.NewHandle(); err != nil {
+		return fmt.Errorf("netlink: %w", err)
+	}
+	if d.conn, err = nftables.New(); err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	if d.pool, err = dnsgate.NewPool(cfg.FakeIPPool); err != nil {
+		return err
+	}
+	if d.servers, err = dnsgate.ParseUpstreams(cfg.UpstreamDNS, "/etc/resolv.conf"); err != nil {
+		return err
+	}
+	if d.upstream, err = dnsgate.NewUpstream(d.servers, 0); err != nil {
+		return err
+	}
+	if d.roots, err = upstreamRoots(cfg.UpstreamCAFile); err != nil {
+		return err
+	}
+	d.reg = prometheus.NewRegistry()
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.mets = metrics.New(d.reg)
+
+	// The config file's sandboxes, then those made through the API on an
+	// earlier run; the config file wins a clash of name or subnet.
+	probe := *cfg
+	fromAPI := map[string]bool{}
+	saved, err := d.loadAPISandboxes()
+	if err != nil {
+		return err
+	}
+	for _, s := range saved {
+		sb, err := probe.NewSandbox(s.Name, s.Policy, s.Subnet.String(), cfg.StateDir)
+		if err != nil {
+			d.log.Warn("API-made sandbox skipped", "sandbox", s.Name, "err", err)
+			continue
+		}
+		probe.Sandboxes = append(probe.Sandboxes, sb)
+		fromAPI[sb.Name] = true
+	}
+	wanted := probe.Sandboxes
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	// Rules first, for every sandbox at once: a bridge is caged from the
+	// moment it exists.
+	if err := d.ensureRulesLocked(wanted); err != nil {
+		return err
+	}
+	for _, sb := range wanted {
+		s, err := d.startSandboxLocked(sb, fromAPI[sb.Name])
+		if err != nil {
+			return err
+		}
+		d.sandboxes = append(d.sandboxes, s)
+	}
+	d.api, err = ui.New(ui.Config{
+		Listen:    cfg.APIListen,
+		TokenFile: filepath.Join(cfg.StateDir, "token"),
+		Sandboxes: d.uiSandboxes,
+		Manager:   d,
+		Registry:  d.reg,
+		Logger:    d.log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := d.api.Start(); err != nil {
+		return err
+	}
+	d.log.Info("airlockd ready", "config", cfg.Path, "upstream_dns", d.servers, "sandboxes", len(d.sandboxes),
+		"api", apiURL(cfg.APIListen), "token_file", filepath.Join(cfg.StateDir, "token"))
+	return nil
+}
+
+func (d *daemon) ensureRulesLocked(sbs []config.Sandbox) error {
+	rules := tproxy.RulesConfig{ProxyPort: d.cfg.ProxyPort, MemberVethPrefix: netns.MemberVethPrefix}
+	for _, sb := range sbs {
+		n, err := netns.NewNetwork(sb.Name, sb.Subnet)
+		if err != nil {
+			return err
+		}
+		rules.Sandboxes = append(rules.Sandboxes, tproxy.SandboxNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway})
+	}
+	return tproxy.EnsureRules(d.conn, rules)
+}
+
+func (d *daemon) runningConfigsLocked() []config.Sandbox {
+	out := make([]config.Sandbox, len(d.sandboxes))
+	for i, s := range d.sandboxes {
+		out[i] = s.cfg
+	}
+	return out
+}
+
+// startSandboxLocked brings up one sandbox whose rules are in place:
+// bridge, policy, journal, DNS gate, broker, CA and proxy.
+func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox, err error) {
+	cfg, log := d.cfg, d.log
+	s := &sandbox{cfg: sb, fromAPI: fromAPI}
+	defer func() {
+		if err != nil {
+			s.stop(log) // s, not the result, which is nil on error
+		}
+	}()
+	if s.net, err = netns.NewNetwork(sb.Name, sb.Subnet); err != nil {
+		return nil, err
+	}
+	if err = s.net.Ensure(d.h); err != nil {
+		return nil, err
+	}
+	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy}); err != nil {
+		return nil, err
+	}
+	guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{
+		MaxLabelLen:   cfg.Exfil.MaxLabelLen,
+		MaxSubdomains: cfg.Exfil.MaxSubdomainsPerMinute,
+		AlertOnly:     cfg.Exfil.AlertOnly,
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if s.journal, err = audit.Open(audit.Config{Dir: filepath.Join(cfg.StateDir, "audit", sb.Name)}); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, s.journal.Close)
+	record := func(e audit.Entry) {
+		e.Sandbox = sb.Name
+		d.mets.Observe(s.journal.Add(e))
+	}
+	leases := cfg.LeaseDir(sb.Name)
+	members := func(a netip.Addr) string { return netns.LeaseSource(leases, a) }
+	gate, err := dnsgate.New(dnsgate.Config{
+		Sandbox:  sb.Name,
+		Listen:   netip.AddrPortFrom(s.net.Gateway, 53),
+		Clients:  s.net.Subnet,
+		Policy:   s.policy,
+		Pool:     d.pool,
+		Upstream: d.upstream,
+		Guard:    guard,
+		Members:  members,
+		OnEvent:  func(e dnsgate.Event) { record(dnsEntry(e)) },
+		Logger:   log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err = gate.Start(); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, gate.Close)
+	s.broker, err = policy.NewBroker(policy.BrokerConfig{Sandbox: s.policy, OnEvent: func(e policy.BrokerEvent) {
+		log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
+			"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting)
+		record(approvalEntry(e))
+	}})
+	if err != nil {
+		return nil, err
+	}
+	if s.ca, err = tproxy.LoadOrCreateCA(filepath.Join(cfg.StateDir, "ca", sb.Name), sb.Name); err != nil {
+		return nil, err
+	}
+	s.proxy, err = tproxy.New(tproxy.Config{
+		Sandbox:       sb.Name,
+		Listen:        netip.AddrPortFrom(s.net.Gateway, cfg.ProxyPort),
+		Policy:        s.policy,
+		Approvals:     s.broker,
+		Names:         d.pool,
+		Resolve:       dnsgate.NewResolver(d.upstream, guard, nil).LookupA,
+		Members:       members,
+		OnRecord:      func(r tproxy.Record) { record(connEntry(r)) },
+		OnRequest:     func(r tproxy.RequestRecord) { record(requestEntry(r)) },
+		CA:            s.ca,
+		UpstreamRoots: d.roots,
+		InspectAll:    s.policy.InspectAll,
+		Logger:        log,
+		ApprovalURL:   apiURL(cfg.APIListen),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err = s.proxy.Start(); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, s.proxy.Close)
+	labels := prometheus.Labels{"sandbox": sb.Name}
+	s.gauges = []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_pending_approvals", Help: "Approvals waiting for a person.", ConstLabels: labels},
+			func() float64 { return float64(len(s.broker.List())) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_open_connections", Help: "Connections the proxy holds open.", ConstLabels: labels},
+			func() float64 { return float64(s.proxy.Active()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_cert_cache_entries", Help: "Cached leaf certificates.", ConstLabels: labels},
+			func() float64 { return float64(s.ca.CacheLen()) }),
+	}
+	for _, g := range s.gauges {
+		d.reg.MustRegister(g)
+	}
+	s.closers = append(s.closers, func() error {
+		for _, g := range s.gauges {
+			d.reg.Unregister(g)
+		}
+		return nil
+	})
+	log.Info("sandbox ready", "sandbox", sb.Name, "bridge", s.net.Bridge, "subnet", s.net.Subnet.String(),
+		"gate", s.net.Gateway.String()+":53", "policy", sb.Policy, "rules", len(s.policy.Rules()))
+	return s, nil
+}
+
+// CreateSandbox starts a new sandbox and remembers it across restarts. It
+// implements ui.Manager.
+func (d *daemon) CreateSandbox(name, policyPath, subnet string) (ui.Sandbox, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	probe := *d.cfg
+	probe.Sandboxes = d.runningConfigsLocked()
+	if policyPath != "" && !filepath.IsAbs(policyPath) {
+		return nil, &ui.ManagerError{Msg: "policy path must be absolute", Hint: "or leave it out for STATE_DIR/sandboxes/NAME.yaml"}
+	}
+	sb, err := probe.NewSandbox(name, policyPath, subnet, d.cfg.StateDir)
+	if err != nil {
+		return nil, &ui.ManagerError{Msg: err.Error()}
+	}
+	all := append(probe.Sandboxes, sb)
+	if err := d.ensureRulesLocked(all); err != nil {
+		return nil, err
+	}
+	s, err := d.startSandboxLocked(sb, true)
+	if err != nil {
+		netns.DeleteBridge(d.h, netns.BridgeName(name))
+		d.ensureRulesLocked(probe.Sandboxes)
+		return nil, err
+	}
+	d.sandboxes = append(d.sandboxes, s)
+	if err := d.saveAPISandboxesLocked(); err != nil {
+		d.log.Warn("remember API-made sandboxes", "err", err)
+	}
+	return s, nil
+}
+
+// DeleteSandbox stops an API-made sandbox and tears its network down: the
+// bridge first, then its rules. Its policy file, CA and history stay in the
+// state directory. It implements ui.Manager.
+func (d *daemon) DeleteSandbox(name string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i := slices.IndexFunc(d.sandboxes, func(s *sandbox) bool { return s.cfg.Name == name })
+	if i < 0 {
+		return &ui.ManagerError{Msg: fmt.Sprintf("no sandbox %q", name), NotFound: true}
+	}
+	s := d.sandboxes[i]
+	if !s.fromAPI {
+		return &ui.ManagerError{Msg: fmt.Sprintf("sandbox %s is defined in %s", name, d.cfg.Path), Hint: "remove it there and restart airlockd, or run airlock teardown", Conflict: true}
+	}
+	s.stop(d.log)
+	if err := netns.DeleteBridge(d.h, s.net.Bridge); err != nil {
+		return err
+	}
+	d.sandboxes = slices.Delete(d.sandboxes, i, i+1)
+	if err := d.ensureRulesLocked(d.runningConfigsLocked()); err != nil {
+		return err
+	}
+	os.RemoveAll(d.cfg.LeaseDir(name))
+	return d.saveAPISandboxesLocked()
+}
+
+type savedSandbox struct {
+	Name   string `json:"name"`
+	Policy string `json:"policy"`
+	Subnet string `json:"subnet"`
+}
+
+func (d *daemon) apiSandboxesFile() string { return filepath.Join(d.cfg.StateDir, "sandboxes.json") }
+
+func (d *daemon) loadAPISandboxes() ([]config.Sandbox, error) {
+	b, err := os.ReadFile(d.apiSandboxesFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var saved []savedSandbox
+	if err := json.Unmarshal(b, &saved); err != nil {
+		return nil, fmt.Errorf("%s: %w; fix or remove it", d.apiSandboxesFile(), err)
+	}
+	var out []config.Sandbox
+	for _, s := range saved {
+		p, err := netip.ParsePrefix(s.Subnet)
+		if err != nil {
+			return nil, fmt.Errorf("%s: sandbox %s: %w", d.apiSandboxesFile(), s.Name, err)
+		}
+		out = append(out, config.Sandbox{Name: s.Name, Policy: s.Policy, Subnet: p})
+	}
+	return out, nil
+}
+
+func (d *daemon) saveAPISandboxesLocked() error {
+	saved := []savedSandbox{}
+	for _, s := range d.sandboxes {
+		if s.fromAPI {
+			saved = append(saved, savedSandbox{Name: s.cfg.Name, Policy: s.cfg.Policy, Subnet: s.cfg.Subnet.String()})
+		}
+	}
+	b, _ := json.MarshalIndent(saved, "", "  ")
+	tmp := d.apiSandboxesFile() + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, d.apiSandboxesFile())
+}
+
+func (d *daemon) uiSandboxes() []ui.Sandbox {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]ui.Sandbox, len(d.sandboxes))
+	for i, s := range d.sandboxes {
+		out[i] = s
+	}
+	return out
+}
+
+// close stops the API and every sandbox; the rules and bridges stay, so
+// sandboxes remain closed.
+func (d *daemon) close() {
+	if d.api != nil {
+		d.api.Close()
+	}
+	d.mu.Lock()
+	for _, s := range d.sandboxes {
+		s.stop(d.log)
+	}
+	d.mu.Unlock()
+	if d.h != nil {
+		d.h.Close()
+	}
+}
+
+func apiURL(listen string) string {
+	if strings.HasPrefix(listen, "unix:") {
+		return listen
+	}
+	return "http://" + listen + "/"
+}
