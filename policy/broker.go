@@ -69,6 +69,8 @@ type AskRequest struct {
 	Port   uint16
 	Method string // when the request is known (intercepted HTTP)
 	URL    string // full URL when known, else host:port
+	// Headers of an intercepted request, credentials already masked.
+	Headers map[string][]string
 }
 
 // Pending is an approval waiting for a person.
@@ -83,7 +85,8 @@ type Pending struct {
 	Created     time.Time
 	Deadline    time.Time
 	Suggestions []Suggestion
-	Waiting     int // held connections or requests sharing this approval
+	Headers     map[string][]string // of the first request, credentials masked
+	Waiting     int                 // held connections or requests sharing this approval
 }
 
 // Outcome is what a held request learns.
@@ -201,7 +204,7 @@ func (b *Broker) join(req AskRequest) *pendingState {
 		Pending: Pending{
 			ID: hex.EncodeToString(id), Source: req.Source, Host: req.Host, Port: req.Port,
 			Method: req.Method, URL: url, Created: now, Deadline: now.Add(timeout),
-			Suggestions: sugg, Waiting: 1,
+			Suggestions: sugg, Headers: req.Headers, Waiting: 1,
 		},
 		key:  key,
 		done: make(chan struct{}),

@@ -166,7 +166,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.forbid(rw, r, &rec)
 			return
 		}
-		out := h.p.cfg.Approvals.Ask(r.Context(), policy.AskRequest{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, URL: rec.URL})
+		out := h.p.cfg.Approvals.Ask(r.Context(), policy.AskRequest{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, URL: rec.URL, Headers: rec.Headers})
 		if out.Rule != nil {
 			rec.Rule = out.Rule.Pattern.String()
 		}

@@ -58,6 +58,9 @@ func TestBumpHeldRequestAllowPatternPersist(t *testing.T) {
 	if want := fmt.Sprintf("https://api.allowed.test:%d/v2/x", port); p[0].URL != want || p[0].Method != "GET" {
 		t.Errorf("pending = %+v, want GET %s", p[0], want)
 	}
+	if ua := p[0].Headers["User-Agent"]; len(ua) != 1 || !strings.HasPrefix(ua[0], "curl/") {
+		t.Errorf("pending headers = %v, want curl's User-Agent", p[0].Headers)
+	}
 	pattern := fmt.Sprintf("api.allowed.test:%d/v2/*", port)
 	if _, err := h.broker.Decide(p[0].ID, policy.Choice{Action: policy.ResolveAllowPattern, Pattern: pattern, Persist: true}); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/policy"
 )
@@ -526,5 +528,25 @@ func TestSandboxCreateDelete(t *testing.T) {
 	}
 	if code, _ := h.do(t, "DELETE", "/api/v1/sandboxes/nosuch", ""); code != 404 {
 		t.Errorf("delete missing sandbox: %d", code)
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	h := newAPI(t, "")
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "airlock_test_total", Help: "x"})
+	reg.MustRegister(c)
+	c.Inc()
+	srv, _ := New(Config{Listen: "127.0.0.1:0", TokenFile: h.srv.cfg.TokenFile, Sandboxes: h.srv.cfg.Sandboxes, Registry: reg})
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	resp, err := http.Get(ts.URL + "/metrics") // no token: aggregate counts only
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "airlock_test_total 1") {
+		t.Errorf("/metrics: %d %s", resp.StatusCode, b)
 	}
 }

@@ -266,6 +266,7 @@ type approvalView struct {
 	SecondsLeft float64             `json:"seconds_left"`
 	Waiting     int                 `json:"waiting"`
 	Suggestions []policy.Suggestion `json:"suggestions"`
+	Headers     map[string][]string `json:"headers,omitempty"`
 	LLM         bool                `json:"llm"`
 }
 
@@ -275,7 +276,7 @@ func (s *Server) listApprovals(c echo.Context) error {
 	for _, p := range sandboxOf(c).Broker().List() {
 		out = append(out, approvalView{ID: p.ID, Source: p.Source, Sources: p.Sources, Host: p.Host, Port: p.Port,
 			Method: p.Method, URL: p.URL, Created: p.Created, SecondsLeft: max(0, p.Deadline.Sub(now).Seconds()),
-			Waiting: p.Waiting, Suggestions: p.Suggestions, LLM: policy.IsLLMHost(p.Host)})
+			Waiting: p.Waiting, Suggestions: p.Suggestions, Headers: p.Headers, LLM: policy.IsLLMHost(p.Host)})
 	}
 	return c.JSON(http.StatusOK, out)
 }
