@@ -25,8 +25,10 @@ In another terminal, as root:
   bin/airlock run --sandbox default -- dig TXT example.com            # REFUSED: no rule allows it
   bin/airlock run --sandbox default -- curl -m 5 http://example.com/  # reset: nothing leaves the host
 
-The web page and its token come with the API (not built yet). Ctrl-C stops airlockd;
-its rules stay, so the sandbox stays closed. Remove everything: bin/airlockd --teardown
+The API's URL and token are printed below once airlockd is ready; bin/airlock uses them
+(bin/airlock ls, bin/airlock pending, bin/airlock approve ID). The web page comes later.
+Ctrl-C stops airlockd; its rules stay, so the sandbox stays closed.
+Remove everything: bin/airlockd --teardown
 
 MSG
-exec bin/airlockd "${args[@]}"
+exec bin/airlockd --show-token "${args[@]}"

@@ -34,6 +34,7 @@ func run() int {
 	teardown := fs.Bool("teardown", false, "remove airlock's nftables table, sandbox bridges and leases, then exit")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	printDefault := fs.Bool("print-default-config", false, "print the built-in config and exit")
+	showToken := fs.Bool("show-token", false, "print the API's URL and token on stdout once ready (for a terminal, not a journal)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -78,6 +79,10 @@ func run() int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "airlockd: %v\n", err)
 		return 1
+	}
+	if *showToken {
+		fmt.Printf("\nairlock API: %s\ntoken:       %s\ntry:         curl -H \"Authorization: Bearer %s\" %sapi/v1/sandboxes\n\n",
+			apiURL(cfg.APIListen), d.api.Token(), d.api.Token(), apiURL(cfg.APIListen))
 	}
 	<-ctx.Done()
 	log.Info("stopping; the rules stay, so sandboxes are closed until airlockd is back")
