@@ -228,33 +228,18 @@ func ifnameBytes(n string) []byte {
 	return b
 }
 
-func iifname(n string) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(n)},
-	}
-}
+func iifname(n string) []expr.Any { return ifnameMatch(expr.MetaKeyIIFNAME, ifnameBytes(n)) }
+func oifname(n string) []expr.Any { return ifnameMatch(expr.MetaKeyOIFNAME, ifnameBytes(n)) }
 
-// iifnamePrefix matches interface names starting with p (no NUL padding
-// makes the comparison a prefix match).
-func iifnamePrefix(p string) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(p)},
-	}
-}
+// iifnamePrefix and oifnamePrefix match names starting with p: without the
+// NUL padding the comparison is a prefix match.
+func iifnamePrefix(p string) []expr.Any { return ifnameMatch(expr.MetaKeyIIFNAME, []byte(p)) }
+func oifnamePrefix(p string) []expr.Any { return ifnameMatch(expr.MetaKeyOIFNAME, []byte(p)) }
 
-func oifnamePrefix(p string) []expr.Any {
+func ifnameMatch(key expr.MetaKey, name []byte) []expr.Any {
 	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(p)},
-	}
-}
-
-func oifname(n string) []expr.Any {
-	return []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameBytes(n)},
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: name},
 	}
 }
 

@@ -178,10 +178,12 @@ func (w *World) Reached() []string {
 	return append([]string(nil), w.logs...)
 }
 
-func (w *World) tcpLogger(addr string) {
+// serveTCP listens on addr, logs each connection as "KIND addr ← from",
+// and hands it to handle on its own goroutine; handle closes it.
+func (w *World) serveTCP(kind, addr string, handle func(net.Conn)) {
 	ln, err := net.Listen("tcp4", addr)
 	if err != nil {
-		w.t.Errorf("tcp logger %s: %v", addr, err)
+		w.t.Errorf("%s server %s: %v", kind, addr, err)
 		return
 	}
 	w.t.Cleanup(func() { ln.Close() })
@@ -191,11 +193,18 @@ func (w *World) tcpLogger(addr string) {
 			if err != nil {
 				return
 			}
-			w.record(fmt.Sprintf("tcp %s ← %s", addr, c.RemoteAddr()))
-			c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\ninternet"))
-			c.Close()
+			w.record(fmt.Sprintf("%s %s ← %s", kind, addr, c.RemoteAddr()))
+			go handle(c)
 		}
 	}()
+}
+
+// tcpLogger answers every connection with a tiny HTTP response.
+func (w *World) tcpLogger(addr string) {
+	w.serveTCP("tcp", addr, func(c net.Conn) {
+		c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\ninternet"))
+		c.Close()
+	})
 }
 
 // webServers serves HTTP on WebAddr:80 and HTTPS on WebAddr:443 (HTTP/1.1
@@ -299,27 +308,12 @@ func (w *World) DirectClient() (ns, hostLink string) {
 
 // bannerServer speaks first, like SSH: it sends a banner, then echoes.
 func (w *World) bannerServer(addr string) {
-	ln, err := net.Listen("tcp4", addr)
-	if err != nil {
-		w.t.Errorf("banner server %s: %v", addr, err)
-		return
-	}
-	w.t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			w.record(fmt.Sprintf("banner %s ← %s", addr, c.RemoteAddr()))
-			go func() {
-				defer c.Close()
-				c.Write([]byte("SSH-2.0-testworld\r\n"))
-				c.SetDeadline(time.Now().Add(5 * time.Second))
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	w.serveTCP("banner", addr, func(c net.Conn) {
+		defer c.Close()
+		c.Write([]byte("SSH-2.0-testworld\r\n"))
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.Copy(c, c)
+	})
 }
 
 func (w *World) udpLogger(addr string) {
