@@ -87,7 +87,7 @@ func TestREADMEAPITour(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the README tour failed: %v\n%s", err, out)
 	}
-	for _, want := range []string{" session example.com", " user *.example.org", "agent http://unknown.example/ ", "allow agent unknown.example"} {
+	for _, want := range []string{" session example.com", " user *.example.org", "agent http://unknown.example/ ", "allow_once agent http://unknown.example/"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("tour output lacks %q:\n%s", want, out)
 		}
@@ -172,18 +172,31 @@ func TestAuditAndRulesSurviveKill9(t *testing.T) {
 			t.Fatalf("%s: %q %q", u, r.Stdout, r.Stderr)
 		}
 	}
-	d.Kill()
-	w.StartDaemon(cfg)
-	_, body := call(t, w, token, "GET", "/sandboxes/default/requests?source=agent", "")
-	var got []struct{ Host, Verdict string }
-	json.Unmarshal([]byte(body), &got)
-	hosts := map[string]bool{}
-	for _, e := range got {
-		if e.Verdict == "allow" {
-			hosts[e.Host] = true
+	allowedHosts := func() (map[string]bool, string) {
+		_, body := call(t, w, token, "GET", "/sandboxes/default/requests?source=agent", "")
+		var got []struct{ Host, Verdict string }
+		json.Unmarshal([]byte(body), &got)
+		hosts := map[string]bool{}
+		for _, e := range got {
+			if e.Verdict == "allow" {
+				hosts[e.Host] = true
+			}
+		}
+		return hosts, body
+	}
+	// A connection's record is written when the proxy is done with it,
+	// which may be just after curl is: wait until both are listed.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if h, _ := allowedHosts(); h["allowed.test"] && h["other.test"] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the records never appeared")
 		}
 	}
-	if !hosts["allowed.test"] || !hosts["other.test"] {
+	d.Kill()
+	w.StartDaemon(cfg)
+	if hosts, body := allowedHosts(); !hosts["allowed.test"] || !hosts["other.test"] {
 		t.Errorf("history after kill -9 and restart: %s", body)
 	}
 	if r := w.Run(cfg, "default", "agent", 20*time.Second, "curl", "-sSf", "http://other.test/"); r.Stdout != "internet" {
