@@ -40,7 +40,7 @@ func TestInterceptPathAndMethodRules(t *testing.T) {
 		t.Errorf("requests at the server:\n%s", got)
 	}
 	// Request records: method, URL, status, rule.
-	log := d.Log.String()
+	log := d.WaitLog(`method=POST url=https://api.allowed.test/repos/a/b status=403`, 1)
 	for _, want := range []string{
 		`msg=request component=tproxy sandbox=sbc source=agent host=api.allowed.test method=GET url=https://api.allowed.test/v1/x status=200 verdict=allow rule=api.allowed.test/v1/*`,
 		`method=GET url=https://api.allowed.test/v2/x status=403 verdict=deny`,

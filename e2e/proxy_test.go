@@ -39,8 +39,9 @@ func TestProxyAllowedHostsAreSpliced(t *testing.T) {
 		t.Errorf("HTTP request at the server: %v", got)
 	}
 	// One record per connection, naming the rule.
-	log := d.Log.String()
-	if n := strings.Count(log, `msg=connection component=tproxy sandbox=sba source=agent host=allowed.test port=443 verdict=allow rule=allowed.test`); n != 1 {
+	rec := `msg=connection component=tproxy sandbox=sba source=agent host=allowed.test port=443 verdict=allow rule=allowed.test`
+	log := d.WaitLog(rec, 1)
+	if n := strings.Count(log, rec); n != 1 {
 		t.Errorf("%d allow records for allowed.test:443 in the log", n)
 	}
 }
@@ -65,14 +66,15 @@ func TestProxyHoldsUnknownHosts(t *testing.T) {
 	if el := time.Since(start); el < 2*time.Second {
 		t.Errorf("held connections ended after %v, before the 2 s approval timeout", el)
 	}
-	log := d.Log.String()
+	deny := `host=unknown.test port=443 verdict=deny rule="" reason="no decision within 2s"`
+	log := d.WaitLog(deny, 3)
 	if n := strings.Count(log, `msg="approval opened" sandbox=sba`); n != 1 {
 		t.Errorf("%d approvals opened for 3 parallel connections, want 1:\n%s", n, log)
 	}
 	if !strings.Contains(log, `host=unknown.test port=443 action=timeout waiting=3`) {
 		t.Errorf("no timeout decision with 3 waiting in the log")
 	}
-	if n := strings.Count(log, `host=unknown.test port=443 verdict=deny rule="" reason="no decision within 2s"`); n != 3 {
+	if n := strings.Count(log, deny); n != 3 {
 		t.Errorf("%d deny records for unknown.test, want 3", n)
 	}
 	if w.DNS.Saw("unknown.test") {

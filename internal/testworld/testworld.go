@@ -435,6 +435,20 @@ func (w *World) StartDaemon(cfg string) *Daemon {
 	return d
 }
 
+// WaitLog waits up to 5 s until airlockd's log holds sub at least n times
+// (records are written when the proxy is done with a connection or request,
+// which may be just after the client is) and returns the log.
+func (d *Daemon) WaitLog(sub string, n int) string {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		log := d.Log.String()
+		if strings.Count(log, sub) >= n || time.Now().After(deadline) {
+			return log
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // Kill kills airlockd with SIGKILL and waits for it to be gone.
 func (d *Daemon) Kill() {
 	d.cmd.Process.Kill()
