@@ -13,8 +13,8 @@ import (
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
-// BenchmarkProxy measures, in one world and one run, a download and new
-// connections through three paths that cross the same links: direct (a
+// BenchmarkProxy measures, in one world and one run, an HTTPS download and
+// new HTTPS connections through three paths that cross the same links: direct (a
 // namespace the host merely forwards), haproxy in transparent TCP mode
 // (DNAT to it, upstream = the original destination), and airlock's spliced
 // proxy. Run it with -benchtime 1x: each sub-benchmark does its own fixed
@@ -84,11 +84,13 @@ backend b
 	// through the internet's DNS (ip netns exec binds /etc/netns/NS/), a
 	// member through airlock's gate.
 	netnsResolv(b, direct)
+	// HTTPS: TLS end to end, which airlock splices (plain HTTP it serves
+	// request by request).
 	const size = 1 << 30
-	url := "http://allowed.test/blob/" + strconv.Itoa(size)
+	url := "https://allowed.test/blob/" + strconv.Itoa(size)
 	for _, p := range paths {
 		b.Run("download-1GiB/"+p.name, func(b *testing.B) {
-			out, err := p.run("taskset", "-c", "1", "curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download} %{size_download}", url)
+			out, err := p.run("taskset", "-c", "1", "curl", "-sS", "--cacert", w.CAFile, "-o", "/dev/null", "-w", "%{speed_download} %{size_download}", url)
 			if err != nil {
 				b.Fatalf("%v: %s", err, out)
 			}
@@ -104,7 +106,7 @@ backend b
 		b.Run("download-8x128MiB/"+p.name, func(b *testing.B) {
 			script := ""
 			for i := 0; i < 8; i++ {
-				script += fmt.Sprintf("curl -sS -o /dev/null -w '%%{size_download}\\n' http://allowed.test/blob/%d & ", size/8)
+				script += fmt.Sprintf("curl -sS --cacert %s -o /dev/null -w '%%{size_download}\\n' https://allowed.test/blob/%d & ", w.CAFile, size/8)
 			}
 			start := time.Now()
 			out, err := p.run("sh", "-c", script+"wait")
@@ -117,7 +119,7 @@ backend b
 	}
 	for _, p := range paths {
 		b.Run("connect/"+p.name, func(b *testing.B) {
-			out, err := p.run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "rate", "2000", "http://allowed.test/")
+			out, err := p.run("env", "SSL_CERT_FILE="+w.CAFile, os.Args[0], "-test.run=^TestMemberHelper$", "--", "rate", "2000", "https://allowed.test/")
 			var rate, p50, p99 float64
 			if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rate %f p50 %f p99 %f", &rate, &p50, &p99); n != 3 {
 				b.Fatalf("%v: %q", err, out)

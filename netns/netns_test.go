@@ -82,3 +82,13 @@ func TestLeases(t *testing.T) {
 	a.Release()
 	c.Release()
 }
+
+func TestLocalAddrs(t *testing.T) {
+	var l LocalAddrs
+	if !l.Contains(netip.MustParseAddr("127.0.0.1")) {
+		t.Error("127.0.0.1 is not local")
+	}
+	if l.Contains(netip.MustParseAddr("203.0.113.199")) {
+		t.Error("a documentation address is local")
+	}
+}

@@ -199,6 +199,7 @@ func (rs *Ruleset) Decide(q Query) Decision {
 func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
 	rq := request{method: upperASCII(q.Method), raw: q.Path}
 	rq.clean, rq.merged, rq.ambiguous = requestPaths(q.Path)
+	rq.others = denyForms(rq.merged)
 	if i := strings.IndexAny(rq.raw, "?#"); i >= 0 {
 		rq.raw = rq.raw[:i]
 	}
@@ -234,6 +235,7 @@ type request struct {
 	raw       string // the path as sent, without query or fragment
 	clean     string
 	merged    string
+	others    []string // denyForms of merged
 	ambiguous bool
 }
 
@@ -356,7 +358,10 @@ func (ix *index) matchRequest(host, source string, port uint16, isIP bool, rq *r
 			// A deny rule must not be slipped past with another spelling
 			// of the same path.
 			ok = p.matchRequest(rq.method, rq.clean) || p.matchRequest(rq.method, rq.merged) || p.matchRequest(rq.method, rq.raw)
-		case rq.ambiguous && !p.anyPath():
+			for _, o := range rq.others {
+				ok = ok || p.matchRequest(rq.method, o)
+			}
+		case rq.ambiguous && (!p.anyPath() || p.pathRe != nil):
 			ok = false
 		default:
 			ok = p.matchRequest(rq.method, rq.clean)

@@ -78,9 +78,10 @@ func globMatch(glob, s string) bool {
 // unreserved characters decoded, and dot segments removed, as an upstream
 // server would see it. merged is clean with runs of "/" folded to one, as
 // some servers see it. ambiguous reports a path an upstream may read in more
-// than one way (an encoded "/" or "\", a backslash, an encoded NUL): allow
-// rules with a path never match such a path, and deny rules are checked
-// against every form, so neither can be slipped past.
+// than one way (an encoded "/" or "\", a backslash, an encoded NUL, a ";"
+// that Java and other servers cut segment parameters at): allow rules with a
+// path never match such a path, and deny rules are checked against every
+// form (see denyForms), so neither can be slipped past.
 func requestPaths(raw string) (clean, merged string, ambiguous bool) {
 	if i := strings.IndexAny(raw, "?#"); i >= 0 {
 		raw = raw[:i]
@@ -89,19 +90,47 @@ func requestPaths(raw string) (clean, merged string, ambiguous bool) {
 		raw = "/" + raw
 	}
 	dec, amb := decodeUnreserved(raw)
-	clean = removeDotSegments(dec)
-	merged = clean
-	if strings.Contains(clean, "//") {
-		var b strings.Builder
-		for i := 0; i < len(clean); i++ {
-			if clean[i] == '/' && i > 0 && clean[i-1] == '/' {
-				continue
-			}
-			b.WriteByte(clean[i])
-		}
-		merged = b.String()
+	if strings.Contains(dec, ";") || strings.Contains(dec, "%3B") {
+		amb = true
 	}
+	clean = removeDotSegments(dec)
+	merged = foldSlashes(clean)
 	return clean, merged, amb
+}
+
+func foldSlashes(p string) string {
+	if !strings.Contains(p, "//") {
+		return p
+	}
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		if p[i] == '/' && i > 0 && p[i-1] == '/' {
+			continue
+		}
+		b.WriteByte(p[i])
+	}
+	return b.String()
+}
+
+// denyForms are the other spellings of a path that servers may take as
+// the same: segment parameters cut (Tomcat, Spring: "/admin;x/y" is
+// "/admin/y"), and lower case (IIS, Express by default). A deny rule that
+// matches any of them denies.
+func denyForms(merged string) []string {
+	if !strings.ContainsAny(merged, ";%ABCDEFGHIJKLMNOPQRSTUVWXYZ") {
+		return nil
+	}
+	stripped := merged
+	if strings.Contains(stripped, ";") || strings.Contains(stripped, "%3B") {
+		segs := strings.Split(strings.ReplaceAll(stripped, "%3B", ";"), "/")
+		for i, s := range segs {
+			if j := strings.IndexByte(s, ';'); j >= 0 {
+				segs[i] = s[:j]
+			}
+		}
+		stripped = removeDotSegments(strings.Join(segs, "/"))
+	}
+	return []string{stripped, strings.ToLower(stripped)}
 }
 
 // decodeUnreserved decodes %XX escapes of unreserved characters

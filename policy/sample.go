@@ -80,7 +80,7 @@ func (p Pattern) Matches(q Query) bool {
 		return true
 	}
 	clean, _, ambiguous := requestPaths(q.Path)
-	if ambiguous && !p.anyPath() {
+	if ambiguous && (!p.anyPath() || p.pathRe != nil) {
 		return false
 	}
 	return p.matchRequest(upperASCII(q.Method), clean)

@@ -45,11 +45,11 @@ grep -q '^ok' "$out" || { echo "bench-proxy: a benchmark failed"; exit 1; }
 	echo
 	echo "## Transparent proxy, spliced (\`go test -bench BenchmarkProxy ./e2e\`, one run)"
 	echo
-	echo "Three paths crossing the same two veths to the test internet's Go HTTP server, all fetching by name:"
+	echo "Three paths crossing the same two veths to the test internet's Go HTTPS server, all fetching by name:"
 	echo "**direct** (the host only forwards), **haproxy** 2.6 in transparent TCP mode (DNAT to it, upstream = original"
 	echo "destination), **airlock** (a sandbox member; DNAT to airlock's proxy, which decides, dials by name and splices)."
-	echo "Downloads: curl pinned to CPU 1. Connect: 2,000 sequential HTTP requests, each on a new connection (Go client);"
-	echo "latency is per request, DNS lookup included."
+	echo "Downloads: curl pinned to CPU 1. Connect: 2,000 sequential HTTPS requests, each on a new TLS connection (Go"
+	echo "client); latency is per request, DNS lookup and TLS handshake included."
 	echo "Goals: splice ≥ 0.9x direct and ≥ 1.0x haproxy; connections ≥ 0.7x direct, p99 added ≤ 0.2 ms."
 	echo
 	table "$out" Proxy

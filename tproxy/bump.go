@@ -149,7 +149,22 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.forbid(rw, r, &rec)
 		return
 	}
+	// Only WebSocket upgrades become tunnels. Any other (h2c) would carry
+	// requests nobody checks, so it goes upstream as a plain request.
+	if u := r.Header.Get("Upgrade"); u != "" && !strings.EqualFold(u, "websocket") {
+		stripUpgrade(r.Header)
+	}
 	d := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, Path: r.URL.RequestURI()})
+	// Servers that honour a method override act on it: it is decided too,
+	// and the stricter answer stands.
+	for _, k := range methodOverrides {
+		if m := strings.ToUpper(strings.TrimSpace(r.Header.Get(k))); m != "" && m != r.Method {
+			od := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: m, Path: r.URL.RequestURI()})
+			if od.Verdict == policy.Deny || od.Verdict == policy.Ask && d.Verdict == policy.Allow {
+				d = od
+			}
+		}
+	}
 	if d.Rule != nil {
 		rec.Rule = d.Rule.Pattern.String()
 	}
@@ -204,6 +219,29 @@ func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *Reques
 	io.WriteString(w, body)
 }
 
+// methodOverrides are the headers with which clients tell servers to treat
+// a request as another method.
+var methodOverrides = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"}
+
+// stripUpgrade removes a protocol upgrade from a request's headers.
+func stripUpgrade(h http.Header) {
+	h.Del("Upgrade")
+	h.Del("HTTP2-Settings")
+	var keep []string
+	for _, v := range h.Values("Connection") {
+		for _, tok := range strings.Split(v, ",") {
+			tok = strings.TrimSpace(tok)
+			if tok != "" && !strings.EqualFold(tok, "upgrade") && !strings.EqualFold(tok, "http2-settings") {
+				keep = append(keep, tok)
+			}
+		}
+	}
+	h.Del("Connection")
+	if len(keep) > 0 {
+		h.Set("Connection", strings.Join(keep, ", "))
+	}
+}
+
 type (
 	sourceKey struct{}
 	targetKey struct{}
@@ -235,6 +273,15 @@ func (p *Proxy) forwarder(scheme string) *httputil.ReverseProxy {
 				FlushInterval: -1, // stream: SSE and LLM token streams
 				ErrorLog:      log.New(io.Discard, "", 0),
 				ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+					var se *ssrfError
+					if errors.As(err, &se) {
+						// A refusal, not an upstream failure.
+						w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+						w.Header().Set("X-Airlock-Verdict", "deny")
+						w.WriteHeader(http.StatusForbidden)
+						fmt.Fprintf(w, "airlock blocked %s: %v\n", r.URL.String(), se)
+						return
+					}
 					w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 					w.Header().Set("X-Airlock-Verdict", "upstream-error")
 					w.WriteHeader(http.StatusBadGateway)
@@ -248,6 +295,17 @@ func (p *Proxy) forwarder(scheme string) *httputil.ReverseProxy {
 		return p.fwdHTTPS
 	}
 	return p.fwdHTTP
+}
+
+// ssrfError is a refusal by the SSRF guard of every address a name
+// resolves to.
+type ssrfError struct {
+	host    string
+	refused []string
+}
+
+func (e *ssrfError) Error() string {
+	return fmt.Sprintf("%s resolves only to addresses the SSRF guard refuses: %s; allow one explicitly with a cidr: rule", e.host, strings.Join(e.refused, ", "))
 }
 
 func explainUpstream(err error) error {
@@ -276,10 +334,10 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", host, err)
 	}
-	var errs []string
+	var errs, refused []string
 	for _, a := range addrs {
 		if why := p.ssrf(source, a, uint16(port)); why != "" {
-			errs = append(errs, a.String()+" refused by the SSRF guard ("+why+")")
+			refused = append(refused, a.String()+" ("+why+")")
 			continue
 		}
 		var d net.Dialer
@@ -288,6 +346,9 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 			return c, nil
 		}
 		errs = append(errs, err.Error())
+	}
+	if len(errs) == 0 && len(refused) > 0 {
+		return nil, &ssrfError{host: host, refused: refused}
 	}
 	return nil, fmt.Errorf("connect to %s: %s", addr, strings.Join(errs, "; "))
 }

@@ -165,13 +165,16 @@ type Head struct {
 // server could read them differently.
 func parseHTTPHead(b []byte) (Head, error) {
 	// The request line must look like one as soon as it starts, so that
-	// other protocols are told apart without waiting for a blank line.
-	if i := bytes.IndexByte(b, ' '); i < 0 {
-		if len(b) > 16 || !isToken(b) {
-			return Head{}, errNotHTTP
-		}
-		return Head{}, errNeedMore
-	} else if i == 0 || i > 16 || !isToken(b[:i]) {
+	// other protocols are told apart without waiting for a blank line:
+	// methods are upper-case letters (GET, POST, PROPFIND), at most 16.
+	i := 0
+	for i < len(b) && i < 17 && 'A' <= b[i] && b[i] <= 'Z' {
+		i++
+	}
+	switch {
+	case i == len(b) && i <= 16:
+		return Head{}, errNeedMore // an upper-case word so far: maybe a method
+	case i == 0 || i > 16 || b[i] != ' ':
 		return Head{}, errNotHTTP
 	}
 	end := bytes.Index(b, []byte("\r\n\r\n"))

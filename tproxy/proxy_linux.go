@@ -100,6 +100,9 @@ type Config struct {
 	// OnRequest receives one record per intercepted request; it must not
 	// block.
 	OnRequest func(RequestRecord)
+	// IsLocal reports an address of this host; such upstreams are refused
+	// like loopback (the host's own services). nil means none.
+	IsLocal func(netip.Addr) bool
 }
 
 // Record describes one connection, written when it ends.
@@ -270,6 +273,9 @@ type conn struct {
 	hello  *Hello
 	head   *Head
 	start  time.Time
+	// silent: the client sent nothing within the sniff window; its first
+	// bytes are checked whenever they come, before they go upstream.
+	silent bool
 }
 
 func (p *Proxy) handle(client *net.TCPConn) {
@@ -344,10 +350,11 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	if d.Rule != nil {
 		c.rec.Rule = d.Rule.Pattern.String()
 	}
-	inspect := p.cfg.InspectAll != nil && p.cfg.InspectAll()
+	inspectAll := p.cfg.InspectAll != nil && p.cfg.InspectAll()
+	needL7 := d.Verdict == policy.NeedsL7
 	approved := false
 	switch d.Verdict {
-	case policy.Allow:
+	case policy.Allow, policy.NeedsL7:
 	case policy.Ask:
 		if p.cfg.Approvals == nil {
 			p.deny(c, "no rule matched and nobody can be asked", d)
@@ -372,22 +379,24 @@ func (p *Proxy) handle(client *net.TCPConn) {
 		c.rec.Reason = out.Reason
 		approved = out.Rule == nil // allowed once
 		// What the person allowed may itself have path rules.
-		if p.cfg.Policy.Decide(q).Verdict == policy.NeedsL7 {
-			inspect = true
-		}
-	case policy.NeedsL7:
-		inspect = true
+		needL7 = p.cfg.Policy.Decide(q).Verdict == policy.NeedsL7
 	default:
 		p.deny(c, d.Reason.String(), d)
 		return
 	}
-	if inspect && name != "" && (c.hello != nil || c.head != nil) {
-		c.rec.Reason = "intercepted: " + d.Reason.String()
+	inspect := needL7 || inspectAll
+	switch {
+	case name != "" && (c.head != nil || inspect && c.hello != nil):
+		// Plain HTTP is always served request by request, so a later
+		// request on the connection cannot name another host; TLS when
+		// rules or inspect: all need it.
+		if c.rec.Reason == "" {
+			c.rec.Reason = "intercepted: " + d.Reason.String()
+		}
 		p.bump(c, host, dst.Port(), approved)
 		return
-	}
-	if d.Verdict == policy.NeedsL7 {
-		p.deny(c, "rules for this host look at requests, but the connection is neither TLS nor HTTP", d)
+	case needL7:
+		p.deny(c, "rules for this host look at requests, but the connection did not start with TLS or HTTP", d)
 		return
 	}
 
@@ -405,7 +414,7 @@ func (p *Proxy) handle(client *net.TCPConn) {
 		t.up = up
 	}
 	p.mu.Unlock()
-	p.splice(c, up)
+	p.splice(c, up, name, inspect)
 }
 
 // claimedName is the name the client's first bytes ask for: the SNI, or
@@ -472,6 +481,7 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
 				if n == 0 && optional {
+					c.silent = true
 					break
 				}
 				c.peeked = buf[:n]
@@ -523,7 +533,7 @@ func (p *Proxy) dial(c *conn, host string, dst netip.AddrPort, rawIP bool) (*net
 		return conn.(*net.TCPConn), nil
 	}
 	if len(errs) == 0 && len(refused) > 0 {
-		return nil, fmt.Errorf("%s resolves only to addresses the SSRF guard refuses: %s; allow one explicitly with a cidr: rule", host, strings.Join(refused, ", "))
+		return nil, &ssrfError{host: host, refused: refused}
 	}
 	return nil, fmt.Errorf("connect to %s:%d: %s", host, dst.Port(), strings.Join(errs, "; "))
 }
@@ -549,6 +559,8 @@ func (p *Proxy) ssrf(source string, a netip.Addr, port uint16) string {
 		why = "reserved"
 	case p.cfg.Names.Contains(a):
 		why = "airlock's fake-IP pool"
+	case p.cfg.IsLocal != nil && p.cfg.IsLocal(a):
+		why = "an address of this host"
 	case !a.Is4():
 		why = "not IPv4"
 	}
@@ -571,15 +583,11 @@ var (
 
 // splice copies between the raw sockets, after the bytes already peeked.
 // io.Copy between two *net.TCPConn uses splice(2); nothing may wrap them.
-func (p *Proxy) splice(c *conn, up *net.TCPConn) {
+// A client that was silent in the sniff window has its first bytes checked
+// before anything of it reaches the upstream; the upstream may speak first
+// meanwhile.
+func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 	defer up.Close()
-	if len(c.peeked) > 0 {
-		if _, err := up.Write(c.peeked); err != nil {
-			c.rec.Close = "upstream write failed: " + err.Error()
-			return
-		}
-		c.rec.Up = int64(len(c.peeked))
-	}
 	var down int64
 	var downErr error
 	done := make(chan struct{})
@@ -588,6 +596,26 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn) {
 		down, downErr = io.Copy(c.client, up)
 		c.client.CloseWrite()
 	}()
+	if c.silent {
+		if err := p.firstBytes(c, name, inspect); err != nil {
+			c.rec.Verdict, c.rec.Reason, c.rec.Close = "deny", err.Error(), "reset"
+			c.client.SetLinger(0)
+			c.client.Close()
+			up.Close()
+			<-done
+			c.rec.Down = down
+			return
+		}
+	}
+	if len(c.peeked) > 0 {
+		if _, err := up.Write(c.peeked); err != nil {
+			c.rec.Close = "upstream write failed: " + err.Error()
+			up.Close()
+			<-done
+			return
+		}
+		c.rec.Up = int64(len(c.peeked))
+	}
 	n, upErr := io.Copy(up, c.client)
 	c.rec.Up += n
 	if upErr != nil {
@@ -606,6 +634,30 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn) {
 	default:
 		c.rec.Close = "closed"
 	}
+}
+
+// firstBytes checks the first bytes of a client that was silent in the
+// sniff window, before they go upstream: TLS or HTTP that starts late gets
+// the same scrutiny as TLS or HTTP that starts at once.
+func (p *Proxy) firstBytes(c *conn, name string, inspect bool) error {
+	c.silent = false
+	if err := p.peek(c, p.cfg.IdleTimeout, false); err != nil {
+		return err
+	}
+	switch {
+	case c.hello == nil && c.head == nil:
+		return nil // another protocol, carried as it is
+	case c.head != nil:
+		return errors.New("plain HTTP must start at once to be checked request by request; reconnect and send the request right away")
+	case inspect:
+		return errors.New("TLS that must be intercepted has to start at once; reconnect and send the ClientHello right away")
+	}
+	if claimed := c.claimedName(); claimed != "" {
+		if n, err := policy.NormalizeHost(claimed); err != nil || n != name {
+			return fmt.Errorf("the connection was resolved for %s but asks for %s", name, claimed)
+		}
+	}
+	return nil
 }
 
 // deny refuses a connection: a plain HTTP request gets a 403 that says

@@ -178,6 +178,14 @@ func (h *harness) curl(t *testing.T, scheme, host string, port uint16, extra ...
 	return string(out), err
 }
 
+// curlArgs fetches https://host:port/path through the proxy, trusting
+// caFile, with extra curl arguments.
+func (h *harness) curlArgs(t *testing.T, caFile, host string, port uint16, path string, extra ...string) (string, error) {
+	args := append([]string{"-sS", "-m", "10", "--connect-to", fmt.Sprintf("%s:%d:%s", host, port, h.proxy.Addr()), "--cacert", caFile}, extra...)
+	out, err := exec.Command("curl", append(args, fmt.Sprintf("https://%s:%d%s", host, port, path))...).CombinedOutput()
+	return string(out), err
+}
+
 // curlPath fetches https://host:port/path through the proxy, trusting caFile.
 func (h *harness) curlPath(t *testing.T, caFile, host string, port uint16, path string) (string, error) {
 	out, err := exec.Command("curl", "-sS", "-m", "10", "--connect-to", fmt.Sprintf("%s:%d:%s", host, port, h.proxy.Addr()),
@@ -315,7 +323,7 @@ func TestProxySSRFGuard(t *testing.T) {
 	up := startUpstream(t)
 	h := newHarness(t, up, netip.AddrPortFrom(fake("private.test"), 80), "sandbox:\n  network_allowlist:\n    user:\n      - pattern: private.test\n", nil)
 	out, err := h.curl(t, "http", "private.test", 80)
-	if err != nil || !strings.Contains(out, "SSRF guard refuses: 10.255.0.1 (private network)") {
+	if err != nil || !strings.Contains(out, "airlock blocked") || !strings.Contains(out, "SSRF guard refuses: 10.255.0.1 (private network)") {
 		t.Errorf("private.test: %v %q", err, out)
 	}
 }

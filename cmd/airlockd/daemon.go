@@ -36,8 +36,8 @@ type daemon struct {
 	log      *slog.Logger
 	h        *netlink.Handle
 	conn     *nftables.Conn
-	pool     *dnsgate.Pool
 	upstream *dnsgate.Upstream
+	local    netns.LocalAddrs
 	servers  []string
 	roots    *x509.CertPool
 	reg      *prometheus.Registry
@@ -104,9 +104,6 @@ func (d *daemon) init() error {
 	}
 	if d.conn, err = nftables.New(); err != nil {
 		return fmt.Errorf("nftables: %w", err)
-	}
-	if d.pool, err = dnsgate.NewPool(cfg.FakeIPPool); err != nil {
-		return err
 	}
 	if d.servers, err = dnsgate.ParseUpstreams(cfg.UpstreamDNS, "/etc/resolv.conf"); err != nil {
 		return err
@@ -229,12 +226,18 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	}
 	leases := cfg.LeaseDir(sb.Name)
 	members := func(a netip.Addr) string { return netns.LeaseSource(leases, a) }
+	// A pool of its own: sandboxes must not learn each other's names
+	// through PTR queries or the order of addresses.
+	pool, err := dnsgate.NewPool(cfg.FakeIPPool)
+	if err != nil {
+		return nil, err
+	}
 	gate, err := dnsgate.New(dnsgate.Config{
 		Sandbox:  sb.Name,
 		Listen:   netip.AddrPortFrom(s.net.Gateway, 53),
 		Clients:  s.net.Subnet,
 		Policy:   s.policy,
-		Pool:     d.pool,
+		Pool:     pool,
 		Upstream: d.upstream,
 		Guard:    guard,
 		Members:  members,
@@ -264,7 +267,8 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		Listen:        netip.AddrPortFrom(s.net.Gateway, cfg.ProxyPort),
 		Policy:        s.policy,
 		Approvals:     s.broker,
-		Names:         d.pool,
+		Names:         pool,
+		IsLocal:       d.local.Contains,
 		Resolve:       dnsgate.NewResolver(d.upstream, guard, nil).LookupA,
 		Members:       members,
 		OnRecord:      func(r tproxy.Record) { record(connEntry(r)) },

@@ -1,0 +1,163 @@
+package tproxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Attacks found in review; each must fail.
+
+// A client of an allowed name's fake IP that stays silent past the sniff
+// window and then sends a ClientHello for another name must not reach it,
+// with or without inspect: all.
+func TestSilentClientCannotFrontLater(t *testing.T) {
+	for _, inspectAll := range []bool{false, true} {
+		t.Run(fmt.Sprint("inspectAll=", inspectAll), func(t *testing.T) {
+			up := startUpstream(t)
+			port := up.httpsPort
+			h, _ := newBumpHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port),
+				rules(port, fmt.Sprintf("allowed.test:%d", port), fmt.Sprintf("other.test:%d", port)))
+			h.proxy.cfg.InspectAll = func() bool { return inspectAll }
+			raw, err := net.Dial("tcp4", h.proxy.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			time.Sleep(500 * time.Millisecond) // past the 300 ms sniff window
+			roots := x509.NewCertPool()
+			pem, _ := os.ReadFile(up.caFile)
+			roots.AppendCertsFromPEM(pem)
+			c := tls.Client(raw, &tls.Config{ServerName: "other.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if err := c.Handshake(); err == nil {
+				fmt.Fprintf(c, "GET /secret HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
+				io.Copy(io.Discard, c)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if got := up.requests(); len(got) != 0 {
+				t.Errorf("the fronted request reached the upstream: %v", got)
+			}
+		})
+	}
+}
+
+// A late but honest ClientHello (same name) still works when nothing
+// requires interception: a client may be slow.
+func TestSilentClientWithTheRightNameIsCarried(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	h, _ := newBumpHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)))
+	raw, _ := net.Dial("tcp4", h.proxy.Addr().String())
+	defer raw.Close()
+	time.Sleep(500 * time.Millisecond)
+	roots := x509.NewCertPool()
+	pem, _ := os.ReadFile(up.caFile)
+	roots.AppendCertsFromPEM(pem)
+	c := tls.Client(raw, &tls.Config{ServerName: "allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := c.Handshake(); err != nil {
+		t.Fatalf("late honest handshake: %v", err)
+	}
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
+	st, _ := bufio.NewReader(c).ReadString('\n')
+	if !strings.Contains(st, "200") {
+		t.Errorf("status %q", st)
+	}
+}
+
+// Plain HTTP is checked request by request: a second request on a kept-alive
+// connection cannot name another host.
+func TestPlainHTTPKeepAliveCannotSwitchHost(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpPort
+	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
+	c, err := net.Dial("tcp4", h.proxy.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	fmt.Fprintf(c, "GET /one HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n", port)
+	resp, err := readStatus(r)
+	if err != nil || resp != 200 {
+		t.Fatalf("first request: %d %v", resp, err)
+	}
+	fmt.Fprintf(c, "GET /two HTTP/1.1\r\nHost: evil.test\r\n\r\n")
+	if resp, _ := readStatus(r); resp != 403 {
+		t.Errorf("second request with another Host: %d, want 403", resp)
+	}
+	for _, s := range up.requests() {
+		if strings.Contains(s, "evil") {
+			t.Errorf("the upstream saw %q", s)
+		}
+	}
+}
+
+// An h2c upgrade must not open a tunnel past path and method rules.
+func TestNonWebSocketUpgradeIsNotATunnel(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port), rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET /v1/x HTTP/1.1\r\nHost: api.allowed.test:%d\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n", port)
+	if st, _ := readStatus(bufio.NewReader(c)); st == 101 {
+		t.Errorf("an h2c upgrade was switched: a tunnel past the rules")
+	}
+}
+
+// A method override is decided like the method it names.
+func TestMethodOverrideIsDecided(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d", port))+fmt.Sprintf("  network_denylist:\n    - pattern: \"DELETE api.allowed.test:%d\"\n", port))
+	out, _ := h.curlArgs(t, ca.CertFile(), "api.allowed.test", port, "/v1/x", "-X", "POST", "-H", "X-HTTP-Method-Override: DELETE", "-o", "/dev/null", "-w", "%{http_code}")
+	if out != "403" {
+		t.Errorf("POST overridden to DELETE: %q, want 403", out)
+	}
+}
+
+// The host's own addresses are refused like loopback.
+func TestHostAddressesAreRefused(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpPort
+	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), "sandbox:\n  network_allowlist:\n    user:\n      - pattern: \"allowed.test:"+fmt.Sprint(port)+"\"\n", func(c *Config) {
+		c.Resolve = func(_ context.Context, _ string) ([]netip.Addr, error) {
+			return []netip.Addr{netip.MustParseAddr("203.0.113.254")}, nil
+		}
+		c.IsLocal = func(a netip.Addr) bool { return a == netip.MustParseAddr("203.0.113.254") }
+	})
+	out, _ := h.curl(t, "http", "allowed.test", port)
+	if !strings.Contains(out, "an address of this host") {
+		t.Errorf("a name resolving to the host's own address: %q", out)
+	}
+}
+
+func readStatus(r *bufio.Reader) (int, error) {
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
