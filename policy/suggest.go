@@ -6,9 +6,9 @@ import (
 
 // Suggestion is a pattern offered to a person approving an unknown host.
 type Suggestion struct {
-	Pattern string
+	Pattern string `json:"pattern"`
 	// Label says in words what the pattern allows, for the approval dialog.
-	Label string
+	Label string `json:"label"`
 }
 
 // Suggest returns the patterns the approval dialog offers for host, narrowest

@@ -15,21 +15,43 @@ import (
 )
 
 type sandboxView struct {
-	Name            string `json:"name"`
-	Subnet          string `json:"subnet"`
-	Policy          string `json:"policy"`
-	Enabled         bool   `json:"enabled"`
-	UnknownAction   string `json:"unknown_action"`
-	ApprovalTimeout int    `json:"approval_timeout"`
-	Inspect         string `json:"inspect"`
-	Rules           int    `json:"rules"`
-	Pending         int    `json:"pending"`
+	Name            string    `json:"name"`
+	Subnet          string    `json:"subnet"`
+	Policy          string    `json:"policy"`
+	Enabled         bool      `json:"enabled"`
+	UnknownAction   string    `json:"unknown_action"`
+	ApprovalTimeout int       `json:"approval_timeout"`
+	Inspect         string    `json:"inspect"`
+	Rules           int       `json:"rules"`
+	Pending         int       `json:"pending"`
+	MCPServers      []mcpView `json:"mcp_servers"`
+}
+
+type mcpView struct {
+	Name      string   `json:"name"`
+	Transport string   `json:"transport"`
+	Known     bool     `json:"known"`
+	Network   string   `json:"network"` // none, domains, any-url, unknown
+	Domains   []string `json:"domains"`
+	Risk      string   `json:"risk"` // none, low, medium, high, unknown
 }
 
 func viewSandbox(sb Sandbox) sandboxView {
 	spec := sb.Policy().Spec()
+	mcp := []mcpView{}
+	for _, m := range spec.MCPServers {
+		v := mcpView{Name: m.Name, Transport: m.Transport, Network: "unknown", Risk: "unknown", Domains: []string{}}
+		if k, ok := policy.LookupMCPServer(m.Name); ok {
+			v.Known, v.Network, v.Risk, v.Domains = true, k.Network.String(), k.Risk.String(), k.Domains
+			if v.Domains == nil {
+				v.Domains = []string{}
+			}
+		}
+		mcp = append(mcp, v)
+	}
 	return sandboxView{
-		Name: sb.Name(), Subnet: sb.Subnet(), Policy: sb.Policy().Path(), Enabled: spec.Enabled,
+		MCPServers: mcp,
+		Name:       sb.Name(), Subnet: sb.Subnet(), Policy: sb.Policy().Path(), Enabled: spec.Enabled,
 		UnknownAction: spec.UnknownAction.String(), ApprovalTimeout: int(spec.ApprovalTimeout / time.Second),
 		Inspect: spec.Inspect.String(), Rules: len(sb.Policy().Rules()), Pending: len(sb.Broker().List()),
 	}

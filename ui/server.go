@@ -253,6 +253,7 @@ func (s *Server) routes() *echo.Echo {
 		e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{})))
 	}
 	e.POST("/api/v1/login", s.login)
+	s.webRoutes(e)
 	api := e.Group("/api/v1", s.auth)
 	api.GET("/sandboxes", s.listSandboxes)
 	if s.cfg.Manager != nil {

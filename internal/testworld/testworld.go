@@ -98,6 +98,7 @@ func New(t testing.TB) *World {
 	w.DNS = &dnsgatetest.Server{
 		A: map[string]string{"allowed.test": WebAddr, "other.test": WebAddr, "ssh.test": WebAddr,
 			"api.allowed.test": WebAddr, "badcert.test": WebAddr, "unknown.example": WebAddr,
+			"api.unknown.test": WebAddr, "generativelanguage.googleapis.com": WebAddr,
 			"private.test": Private, "metadata.test": Metadata, "decoy.test": DecoyAddr},
 		TXT: map[string]string{"allowed.test": "v=allowed", "unknown.test": "v=secret"},
 	}
@@ -139,29 +140,37 @@ func (w *World) sh(name string, args ...string) {
 }
 
 // InNetns runs fn on a thread inside namespace ns. Sockets fn creates stay
-// in ns. The thread is thrown away afterwards, never reused elsewhere.
+// in ns. The thread is thrown away afterwards, never reused elsewhere. Call
+// it from the test's goroutine.
 func (w *World) InNetns(ns string, fn func()) {
 	w.t.Helper()
-	done := make(chan struct{})
+	if err := inNetns(ns, fn); err != nil {
+		w.t.Error(err)
+	}
+	if w.t.Failed() {
+		w.t.FailNow()
+	}
+}
+
+// inNetns is InNetns for any goroutine: it reports instead of failing.
+func inNetns(ns string, fn func()) error {
+	errc := make(chan error, 1)
 	go func() {
-		defer close(done)
 		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
 		h, err := vnetns.GetFromName(ns)
 		if err != nil {
-			w.t.Errorf("open netns %s: %v", ns, err)
+			errc <- fmt.Errorf("open netns %s: %w", ns, err)
 			return
 		}
 		defer h.Close()
 		if err := vnetns.Set(h); err != nil {
-			w.t.Errorf("enter netns %s: %v", ns, err)
+			errc <- fmt.Errorf("enter netns %s: %w", ns, err)
 			return
 		}
 		fn()
+		errc <- nil
 	}()
-	<-done
-	if w.t.Failed() {
-		w.t.FailNow()
-	}
+	return <-errc
 }
 
 func (w *World) record(line string) {
@@ -510,10 +519,12 @@ func (w *World) Start(cfg, sandbox, source string, timeout time.Duration, argv .
 func (w *World) DialHost(ctx context.Context, network, addr string) (net.Conn, error) {
 	var c net.Conn
 	var err error
-	w.InNetns(w.Host, func() {
+	if nerr := inNetns(w.Host, func() {
 		var d net.Dialer
 		c, err = d.DialContext(ctx, network, addr)
-	})
+	}); nerr != nil {
+		return nil, nerr
+	}
 	return c, err
 }
 
@@ -521,6 +532,37 @@ func (w *World) DialHost(ctx context.Context, network, addr string) (net.Conn, e
 // namespace.
 func (w *World) HostClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{DialContext: w.DialHost}}
+}
+
+// ForwardHost listens on a loopback port of the test's own namespace and
+// forwards every connection to addr inside the host namespace, so that a
+// browser outside can reach airlockd's API. It returns the local address.
+func (w *World) ForwardHost(addr string) string {
+	w.t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := w.DialHost(context.Background(), "tcp4", addr)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go io.Copy(up, c)
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // HostExec runs a command in the host namespace and returns its output.

@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/browser"
+	cdpruntime "github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/airlockhq/airlock/internal/testworld"
+)
+
+// browserFor starts headless chromium against airlockd's page (through a
+// forwarder into the host namespace) and signs in with the token.
+func browserFor(t *testing.T, w *testworld.World, token string) (context.Context, string) {
+	t.Helper()
+	chrome, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatal("chromium not installed (apt-get install chromium)")
+	}
+	base := "http://" + w.ForwardHost("127.0.0.1:7433")
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome), chromedp.Flag("headless", true), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.WindowSize(1280, 800), chromedp.Flag("disable-dev-shm-usage", true))
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	ctx, cancel2 := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(cancel2)
+	ctx, cancel3 := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(cancel3)
+	// The page's console and exceptions go to the test log.
+	chromedp.ListenTarget(ctx, func(ev any) {
+		switch e := ev.(type) {
+		case *cdpruntime.EventConsoleAPICalled:
+			var args []string
+			for _, a := range e.Args {
+				args = append(args, string(a.Value)+a.Description)
+			}
+			t.Logf("page console.%s: %s", e.Type, strings.Join(args, " "))
+		case *cdpruntime.EventExceptionThrown:
+			t.Logf("page exception: %s %s", e.ExceptionDetails.Text, e.ExceptionDetails.Exception.Description)
+		}
+	})
+	if err := chromedp.Run(ctx,
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible("#token", chromedp.ByID),
+		chromedp.SendKeys("#token", token, chromedp.ByID),
+		chromedp.Click(`#login-form button[type="submit"]`),
+		chromedp.WaitNotVisible("#login", chromedp.ByID),
+		chromedp.Poll(`document.querySelector("#sandbox").value === "default"`, nil, chromedp.WithPollingTimeout(15*time.Second)),
+	); err != nil {
+		var state string
+		chromedp.Run(ctx, chromedp.Evaluate(`JSON.stringify({sandbox: document.querySelector("#sandbox").outerHTML, csrf: sessionStorage.getItem("airlock.csrf"), login: document.querySelector("#login").open, err: document.querySelector("#login-error").textContent})`, &state))
+		t.Fatalf("sign in: %v; page: %s", err, state)
+	}
+	return ctx, base
+}
+
+// squash folds the whitespace of an element's text, as a person reads it.
+func squash(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// shot saves a screenshot: under docs/ when AIRLOCK_UPDATE_DOCS=1 (to
+// refresh the README's pictures), otherwise in the test's scratch dir.
+func shot(t *testing.T, ctx context.Context, w *testworld.World, name string) {
+	var png []byte
+	if err := chromedp.Run(ctx, chromedp.FullScreenshot(&png, 100)); err != nil {
+		t.Errorf("screenshot %s: %v", name, err)
+		return
+	}
+	dir := w.Dir
+	if os.Getenv("AIRLOCK_UPDATE_DOCS") == "1" {
+		dir = "../docs"
+		os.MkdirAll(dir, 0o755)
+	}
+	os.WriteFile(filepath.Join(dir, name), png, 0o644)
+}
+
+func TestWebApprovePatternAndSave(t *testing.T) {
+	w, cfg, _, token := apiSetup(t)
+	ctx, _ := browserFor(t, w, token)
+	// Some traffic for the monitor and the live tester's samples.
+	w.Run(cfg, "default", "agent", 20*time.Second, "curl", "-sS", "http://allowed.test/")
+
+	member := w.Start(cfg, "default", "mcp:github", 60*time.Second, "curl", "-sS", "-m", "50", "http://api.unknown.test/v1/data")
+	waitPendingAPI(t, w, token)
+	pendingSeen := time.Now()
+	if err := chromedp.Run(ctx, chromedp.WaitVisible("#ask", chromedp.ByID)); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(pendingSeen); d > time.Second {
+		t.Errorf("the dialog opened %v after the approval was pending, want within 1 s", d)
+	}
+	var who, url string
+	chromedp.Run(ctx, chromedp.Text("#ask-source", &who, chromedp.ByID), chromedp.Text("#ask-url", &url, chromedp.ByID))
+	if who != "mcp:github" || url != "http://api.unknown.test/v1/data" {
+		t.Errorf("dialog shows %q asking for %q", who, url)
+	}
+	// Custom pattern, live-tested against the request, then saved.
+	var results string
+	if err := chromedp.Run(ctx,
+		chromedp.Click(`input[name="pattern"][value="__custom"]`),
+		chromedp.Evaluate(`document.querySelector("#custom-pattern").value = ""`, nil),
+		chromedp.SendKeys("#custom-pattern", "*.unknown.test", chromedp.ByID),
+		chromedp.Poll(`document.querySelector("#custom-results").textContent.includes("MATCHES")`, nil),
+		chromedp.Text("#custom-results", &results, chromedp.ByID),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(squash(results), "MATCHES http://api.unknown.test/v1/data") {
+		t.Errorf("live results: %q", results)
+	}
+	shot(t, ctx, w, "dialog.png")
+	if err := chromedp.Run(ctx, chromedp.Click("#b-pattern", chromedp.ByID), chromedp.WaitNotVisible("#ask", chromedp.ByID)); err != nil {
+		t.Fatal(err)
+	}
+	if r := member(); r.Stdout != "internet" {
+		t.Errorf("the held curl after Allow pattern: %q %q", r.Stdout, r.Stderr)
+	}
+	if pol, _ := os.ReadFile(filepath.Join(w.Dir, "default.yaml")); !strings.Contains(string(pol), `pattern: "*.unknown.test"`) {
+		t.Errorf("the pattern is not in the sandbox file:\n%s", pol)
+	}
+	// The monitor lists the traffic with source, method, URL, status and
+	// size; the pending row became allowed.
+	var monitor string
+	chromedp.Run(ctx, chromedp.Poll(`document.querySelector("#rows").textContent.includes("allowed (allow pattern)")`, nil),
+		chromedp.Text("#rows", &monitor, chromedp.ByID))
+	for _, want := range []string{"agent GET http://allowed.test/ 200 8 B", "mcp:github http://api.unknown.test/v1/data allowed (allow pattern)", "mcp:github GET http://api.unknown.test/v1/data 200 8 B"} {
+		if !strings.Contains(squash(monitor), want) {
+			t.Errorf("monitor lacks %q: %q", want, monitor)
+		}
+	}
+	shot(t, ctx, w, "monitor.png")
+
+	// The manager lists the saved pattern; deleting it removes it from the file.
+	if err := chromedp.Run(ctx,
+		chromedp.Click(`.tabs button[data-tab="rules"]`),
+		chromedp.WaitVisible(`button[aria-label="delete *.unknown.test"]`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	shot(t, ctx, w, "manager.png")
+	if err := chromedp.Run(ctx,
+		chromedp.Click(`button[aria-label="delete *.unknown.test"]`),
+		chromedp.WaitNotPresent(`button[aria-label="delete *.unknown.test"]`),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if pol, _ := os.ReadFile(filepath.Join(w.Dir, "default.yaml")); strings.Contains(string(pol), "unknown.test") {
+		t.Errorf("deleted pattern still in the file:\n%s", pol)
+	}
+}
+
+func TestWebCountdownDeniesAndLiveMatcher(t *testing.T) {
+	w := testworld.New(t)
+	pol := filepath.Join(w.Dir, "default.yaml")
+	write(t, pol, "sandbox:\n  approval_timeout: 4\n")
+	cfg := filepath.Join(w.Dir, "airlockd.yaml")
+	write(t, cfg, fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nsandboxes:\n  - name: default\n    subnet: 10.88.0.0/24\n    policy: %[3]s\n", w.Dir, testworld.DNSAddr, pol))
+	w.StartDaemon(cfg)
+	token, _ := os.ReadFile(filepath.Join(w.Dir, "state", "token"))
+	ctx, _ := browserFor(t, w, strings.TrimSpace(string(token)))
+
+	member := w.Start(cfg, "default", "agent", 60*time.Second, "curl", "-sS", "http://api.unknown.test/")
+	if err := chromedp.Run(ctx, chromedp.WaitVisible("#ask", chromedp.ByID)); err != nil {
+		t.Fatal(err)
+	}
+	// The seed example in the custom editor, with the user's own samples:
+	// the page shows what the server's matcher decides.
+	var results string
+	if err := chromedp.Run(ctx,
+		chromedp.Click(`input[name="pattern"][value="__custom"]`),
+		chromedp.Evaluate(`document.querySelector("#custom-pattern").value = ""`, nil),
+		chromedp.SendKeys("#custom-samples", "https://api.unknown.com/api/v1/data\nhttps://cdn.unknown.com/api/v2/files\nhttps://api.unknown.com/other/path", chromedp.ByID),
+		chromedp.SendKeys("#custom-pattern", "*.unknown.com/api/v*", chromedp.ByID),
+		chromedp.Poll(`document.querySelector("#custom-results").textContent.includes("other/path")`, nil),
+		chromedp.Text("#custom-results", &results, chromedp.ByID),
+	); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"MATCHES https://api.unknown.com/api/v1/data", "MATCHES https://cdn.unknown.com/api/v2/files", "NO MATCH https://api.unknown.com/other/path"} {
+		if !strings.Contains(squash(results), want) {
+			t.Errorf("live results lack %q: %q", want, results)
+		}
+	}
+	// Nobody decides: at 0 the dialog closes, the row says denied, and
+	// the client got its denial.
+	var countdown, status string
+	if err := chromedp.Run(ctx,
+		chromedp.Text("#countdown", &countdown, chromedp.ByID),
+		chromedp.WaitNotVisible("#ask", chromedp.ByID),
+		chromedp.Poll(`document.querySelector("#rows").textContent.includes("denied (no decision)")`, nil, chromedp.WithPollingTimeout(10*time.Second)),
+		chromedp.Text("#rows", &status, chromedp.ByID),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(countdown, " s") {
+		t.Errorf("countdown = %q", countdown)
+	}
+	if r := member(); !strings.Contains(r.Stdout, "no decision within 4s") {
+		t.Errorf("the client's denial: %q %q", r.Stdout, r.Stderr)
+	}
+
+	// HAR export downloads a file.
+	dl := t.TempDir()
+	done := make(chan string, 1)
+	chromedp.ListenTarget(ctx, func(ev any) {
+		if e, ok := ev.(*browser.EventDownloadProgress); ok && e.State == browser.DownloadProgressStateCompleted {
+			done <- e.GUID
+		}
+	})
+	if err := chromedp.Run(ctx,
+		browser.SetDownloadBehavior(browser.SetDownloadBehaviorBehaviorAllowAndName).WithDownloadPath(dl).WithEventsEnabled(true),
+		chromedp.Click("#har", chromedp.ByID),
+	); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case guid := <-done:
+		b, err := os.ReadFile(filepath.Join(dl, guid))
+		if err != nil || !strings.Contains(string(b), `"version":"1.2"`) {
+			t.Errorf("downloaded HAR: %v %.200s", err, b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("no HAR download")
+	}
+}

@@ -1,0 +1,333 @@
+// airlock's web page: the live monitor, the approval dialog, the allowlist
+// manager and the settings of a sandbox. Plain JavaScript, no dependencies;
+// every value from the server goes into the page as text, never as HTML.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  sandbox: null, csrf: sessionStorage.getItem("airlock.csrf") || "", events: null,
+  rows: [], sources: new Map(), counts: { total: 0, allow: 0, deny: 0 },
+  queue: [], current: null, timer: null, follow: true, samples: [],
+};
+const MAX_ROWS = 2000;
+
+// api calls the REST API with the session cookie; mutations carry the CSRF
+// value from the login.
+async function api(method, path, body) {
+  const opts = { method, credentials: "same-origin", headers: {} };
+  if (body !== undefined) {
+    opts.body = JSON.stringify(body);
+    opts.headers["Content-Type"] = "application/json";
+  }
+  if (method !== "GET") opts.headers["X-Airlock-CSRF"] = state.csrf;
+  const res = await fetch("/api/v1" + path, opts);
+  if (res.status === 401) { showLogin(); throw new Error("signed out"); }
+  const data = await res.json().catch(() => ({}));
+  if (!res.ok) throw new Error((data.error || res.statusText) + (data.hint ? " (" + data.hint + ")" : ""));
+  return data;
+}
+const sb = (rest) => "/sandboxes/" + encodeURIComponent(state.sandbox) + rest;
+
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v);
+  }
+  for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(k == null ? "" : String(k)));
+  return e;
+}
+
+// ---- login ----
+function showLogin() { if (!$("login").open) $("login").showModal(); $("token").focus(); }
+$("login-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const res = await fetch("/api/v1/login", { method: "POST", credentials: "same-origin", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token: $("token").value.trim() }) });
+  const data = await res.json().catch(() => ({}));
+  if (!res.ok) { $("login-error").textContent = data.error || "sign-in failed"; return; }
+  state.csrf = data.csrf; sessionStorage.setItem("airlock.csrf", data.csrf);
+  $("token").value = ""; $("login").close(); start();
+});
+
+// ---- theme and tabs ----
+if (localStorage.getItem("airlock.theme") === "dark" || (!localStorage.getItem("airlock.theme") && matchMedia("(prefers-color-scheme: dark)").matches)) document.documentElement.classList.add("dark");
+$("theme").addEventListener("click", () => {
+  const dark = document.documentElement.classList.toggle("dark");
+  localStorage.setItem("airlock.theme", dark ? "dark" : "light");
+});
+for (const b of document.querySelectorAll(".tabs button")) {
+  b.addEventListener("click", () => {
+    for (const o of document.querySelectorAll(".tabs button")) o.setAttribute("aria-selected", o === b);
+    for (const t of document.querySelectorAll(".tab")) t.hidden = t.id !== "tab-" + b.dataset.tab;
+    if (b.dataset.tab === "rules") loadRules();
+    if (b.dataset.tab === "settings") loadSettings();
+  });
+}
+
+// ---- sandboxes ----
+async function start() {
+  let list;
+  try { list = await api("GET", "/sandboxes"); } catch { return; }
+  const sel = $("sandbox");
+  sel.replaceChildren(...list.map((s) => el("option", { value: s.name }, s.name)));
+  const last = localStorage.getItem("airlock.sandbox");
+  state.sandbox = list.some((s) => s.name === last) ? last : (list[0] && list[0].name);
+  sel.value = state.sandbox || "";
+  if (state.sandbox) openSandbox();
+}
+$("sandbox").addEventListener("change", () => { state.sandbox = $("sandbox").value; localStorage.setItem("airlock.sandbox", state.sandbox); openSandbox(); });
+
+async function openSandbox() {
+  if (state.events) state.events.close();
+  state.rows = []; state.sources.clear(); state.counts = { total: 0, allow: 0, deny: 0 }; state.queue = []; state.samples = [];
+  $("rows").replaceChildren();
+  $("har").href = "/api/v1" + sb("/requests.har");
+  $("s-ca").href = "/api/v1" + sb("/ca.pem");
+  try {
+    const past = await api("GET", sb("/requests?limit=500"));
+    for (const e of past) addRecord(e);
+  } catch (e) { console.warn(e); }
+  state.events = new EventSource("/api/v1" + sb("/events"));
+  for (const kind of ["connection", "request"]) state.events.addEventListener(kind, (m) => addRecord(JSON.parse(m.data)));
+  state.events.addEventListener("approval", (m) => onApproval(JSON.parse(m.data)));
+  state.events.addEventListener("rule", () => { if (!$("tab-rules").hidden) loadRules(); });
+  refreshApprovals();
+}
+
+// ---- monitor ----
+function recordURL(e) { return e.url || (e.host ? e.host + (e.port ? ":" + e.port : "") : ""); }
+function sizeText(n) { return n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MB" : n >= 1024 ? (n / 1024).toFixed(1) + " kB" : (n || 0) + " B"; }
+function statusOf(e) {
+  if (e.pending) return { cls: "status-pending", text: "pending" };
+  if (e.verdict === "deny") return { cls: "status-deny", text: e.status ? "denied " + e.status : "denied" };
+  if (e.status >= 500) return { cls: "status-error", text: "error " + e.status };
+  if (e.kind === "request") return { cls: "status-allow", text: String(e.status || "") };
+  return { cls: "status-allow", text: e.close && e.close.startsWith("intercepted") ? "intercepted" : "completed" };
+}
+
+function rowFor(e) {
+  const st = statusOf(e);
+  const status = el("td", { class: st.cls }, st.text);
+  if (e.pending) status.prepend(el("span", { class: "spinner", "aria-hidden": "true" }));
+  const tr = el("tr", { title: (e.rule ? "rule: " + e.rule : "no rule") + (e.reason ? " — " + e.reason : "") },
+    el("td", {}, new Date(e.time).toLocaleTimeString([], { hour12: false })), el("td", {}, e.source || ""), el("td", {}, e.method || (e.kind === "connection" ? "TCP" : "")),
+    el("td", { class: "mono" }, recordURL(e)), status, el("td", { class: "num" }, e.pending ? "" : sizeText((e.bytes_down || 0) + (e.bytes_up || 0))));
+  tr.dataset.verdict = e.pending ? "pending" : e.verdict || "";
+  tr.dataset.source = e.source || "";
+  tr.dataset.llm = e.llm ? "1" : "";
+  tr.dataset.text = (recordURL(e) + " " + (e.rule || "") + " " + (e.source || "")).toLowerCase();
+  return tr;
+}
+
+function visible(tr) {
+  if ($("hide-llm").checked && tr.dataset.llm) return false;
+  const src = $("f-source").value, ver = $("f-verdict").value, text = $("f-text").value.trim().toLowerCase();
+  return (!src || tr.dataset.source === src) && (!ver || tr.dataset.verdict === ver) && (!text || tr.dataset.text.includes(text));
+}
+
+function addRecord(e) {
+  if (e.kind === "connection" && e.close && e.close.startsWith("intercepted")) return; // its requests are listed
+  state.counts.total++;
+  if (e.verdict === "allow") state.counts.allow++; else if (e.verdict === "deny") state.counts.deny++;
+  const src = e.source || "?";
+  state.sources.set(src, (state.sources.get(src) || 0) + 1);
+  if (e.url && state.samples.length < 50 && !state.samples.includes(e.method + " " + e.url)) state.samples.push((e.method ? e.method + " " : "") + e.url);
+  else if (e.host && e.port && state.samples.length < 50) { const u = (e.port === 80 ? "http://" : "https://") + e.host + "/"; if (!state.samples.includes(u)) state.samples.push(u); }
+  const tr = rowFor(e);
+  tr.hidden = !visible(tr);
+  // A pending row for the same host is replaced by the final record.
+  const pend = [...$("rows").querySelectorAll('tr[data-verdict="pending"]')].find((r) => r.dataset.host === e.host);
+  if (pend) pend.remove();
+  $("rows").append(tr);
+  while ($("rows").children.length > MAX_ROWS) $("rows").firstChild.remove();
+  if (state.follow) $("scroller").scrollTop = $("scroller").scrollHeight;
+  renderCounters();
+}
+
+function renderCounters() {
+  $("c-total").textContent = state.counts.total; $("c-allow").textContent = state.counts.allow;
+  $("c-deny").textContent = state.counts.deny; $("c-pending").textContent = state.queue.length;
+  const fs = $("f-source"), cur = fs.value;
+  if (fs.options.length - 1 !== state.sources.size) {
+    fs.replaceChildren(el("option", { value: "" }, "all"), ...[...state.sources.keys()].sort().map((s) => el("option", { value: s }, s)));
+    fs.value = cur;
+  }
+  $("per-source").textContent = [...state.sources].map(([s, n]) => s + " " + n).join(" · ");
+}
+for (const id of ["hide-llm", "f-source", "f-verdict", "f-text"]) $(id).addEventListener("input", () => { for (const tr of $("rows").children) tr.hidden = !visible(tr); });
+$("scroller").addEventListener("scroll", () => {
+  const s = $("scroller");
+  state.follow = s.scrollTop + s.clientHeight >= s.scrollHeight - 4;
+  $("paused").hidden = state.follow;
+});
+$("resume").addEventListener("click", () => { state.follow = true; $("scroller").scrollTop = $("scroller").scrollHeight; $("paused").hidden = true; });
+
+// ---- approvals ----
+async function refreshApprovals() {
+  let list;
+  try { list = await api("GET", sb("/approvals")); } catch { return; }
+  const ids = new Set(list.map((p) => p.id));
+  const now = Date.now();
+  for (const p of list) p.shownAt = now; // seconds_left is as of this fetch
+  state.queue = list;
+  for (const p of list) {
+    if (![...$("rows").children].some((r) => r.dataset.approval === p.id)) {
+      const tr = rowFor({ time: p.created, source: p.source, method: p.method, url: p.url, pending: true, verdict: "" });
+      tr.dataset.approval = p.id; tr.dataset.host = p.host; tr.hidden = !visible(tr);
+      $("rows").append(tr);
+    }
+  }
+  renderCounters();
+  if (state.current && !ids.has(state.current.id)) closeAsk();
+  if (!state.current && list.length) openAsk(list[0]);
+}
+
+function onApproval(e) {
+  if (e.action === "opened") alertPerson(e);
+  else markDecided(e.approval_id, e.action);
+  refreshApprovals();
+}
+
+// markDecided turns a pending row into what the person (or the clock)
+// decided.
+function markDecided(id, action) {
+  const r = [...$("rows").children].find((x) => x.dataset.approval === id);
+  if (!r) return;
+  const allowed = action === "allow_once" || action === "allow_pattern";
+  const td = r.querySelector("td:nth-child(5)");
+  r.dataset.verdict = allowed ? "allow" : "deny";
+  td.className = allowed ? "status-allow" : "status-deny";
+  td.textContent = allowed ? "allowed (" + action.replace("_", " ") + ")" : action === "timeout" ? "denied (no decision)" : "denied";
+  if (!allowed) { state.counts.deny++; renderCounters(); }
+}
+
+function alertPerson(e) {
+  try {
+    const ctx = new (window.AudioContext || window.webkitAudioContext)();
+    const o = ctx.createOscillator(), g = ctx.createGain();
+    o.frequency.value = 880; g.gain.value = 0.08; o.connect(g); g.connect(ctx.destination);
+    o.start(); o.stop(ctx.currentTime + 0.15);
+  } catch { /* no audio */ }
+  if (document.hidden && "Notification" in window) {
+    if (Notification.permission === "granted") new Notification("airlock: " + (e.source || "a member") + " asks for " + (e.url || e.host));
+    else if (Notification.permission === "default") Notification.requestPermission();
+  }
+}
+
+function openAsk(p) {
+  state.current = p;
+  $("ask-source").textContent = p.source || "a member";
+  $("ask-url").textContent = (p.method ? p.method + " " : "") + p.url;
+  $("ask-queue").textContent = (p.waiting > 1 ? p.waiting + " connections wait for this. " : "") + (state.queue.length > 1 ? (state.queue.length - 1) + " more after this." : "");
+  const hdr = p.headers ? Object.entries(p.headers).map(([k, v]) => k + ": " + v.join(", ")).join("\n") : "";
+  $("ask-headers").textContent = hdr; $("ask-headers-box").hidden = !hdr;
+  $("choices").replaceChildren(...p.suggestions.map((s, i) => el("label", {}, el("input", { type: "radio", name: "pattern", value: s.pattern, ...(i === 0 ? { checked: "" } : {}) }), " ", el("code", {}, s.pattern), " ", el("span", { class: "muted" }, s.label))));
+  $("custom").hidden = true; $("broad").hidden = true; $("ask-error").textContent = "";
+  $("custom-pattern").value = p.suggestions.length > 2 ? p.suggestions[2].pattern : (p.suggestions[0] || {}).pattern || "";
+  tick();
+  clearInterval(state.timer); state.timer = setInterval(tick, 250);
+  if (!$("ask").open) $("ask").showModal();
+}
+
+function tick() {
+  const p = state.current;
+  if (!p) return;
+  const left = Math.max(0, Math.ceil(p.seconds_left - (Date.now() - p.shownAt) / 1000));
+  $("countdown").textContent = left + " s";
+  if (left <= 0) { closeAsk(); setTimeout(refreshApprovals, 500); }
+}
+
+function closeAsk() { clearInterval(state.timer); state.current = null; if ($("ask").open) $("ask").close(); }
+
+document.addEventListener("change", (ev) => {
+  if (ev.target.name === "pattern") { $("custom").hidden = ev.target.value !== "__custom"; if (!$("custom").hidden) liveTest(); checkBroad(); }
+});
+
+function chosenPattern() {
+  const r = document.querySelector('input[name="pattern"]:checked');
+  if (!r) return "";
+  if (r.value !== "__custom") return r.value;
+  const v = $("custom-pattern").value.trim();
+  return $("custom-regex").checked && !v.startsWith("regex:") ? "regex:" + v : v;
+}
+
+let testSeq = 0;
+async function liveTest() {
+  const pattern = chosenPattern(), seq = ++testSeq;
+  const urls = [...new Set([...(state.current ? [(state.current.method ? state.current.method + " " : "") + state.current.url.replace(/^([^:/]+):(\d+)$/, (m, h, port) => (port === "80" ? "http://" : "https://") + h + (port === "80" || port === "443" ? "" : ":" + port) + "/")] : []), ...state.samples, ...$("custom-samples").value.split("\n").map((s) => s.trim()).filter(Boolean)])].slice(0, 100);
+  if (!pattern) { $("custom-results").replaceChildren(); return; }
+  let out;
+  try { out = await api("POST", sb("/allowlist/test"), { pattern, urls }); } catch (e) { $("custom-results").replaceChildren(el("li", { class: "error" }, e.message)); return; }
+  if (seq !== testSeq) return; // a newer keystroke won
+  $("broad").hidden = !out.broad;
+  if (out.error && !out.broad) { $("custom-results").replaceChildren(el("li", { class: "error" }, out.error)); return; }
+  $("custom-results").replaceChildren(...out.results.map((r) => el("li", {}, el("span", { class: "m " + (r.matches ? "yes" : "no") }, r.error ? "ERROR" : r.matches ? "MATCHES" : "NO MATCH"), el("span", { class: "mono" }, r.url))),
+    el("li", { class: "muted" }, out.recorded_matches + " recorded requests match"));
+}
+async function checkBroad() {
+  const pattern = chosenPattern();
+  if (!pattern) return;
+  try { const out = await api("POST", sb("/allowlist/test"), { pattern, urls: [] }); $("broad").hidden = !out.broad; } catch { /* shown on submit */ }
+}
+for (const id of ["custom-pattern", "custom-samples"]) $(id).addEventListener("input", liveTest);
+$("custom-regex").addEventListener("change", liveTest);
+
+async function decide(action) {
+  const p = state.current;
+  if (!p) return;
+  const body = { action };
+  if (action === "allow_pattern") { body.pattern = chosenPattern(); body.persist = $("ask-save").checked; if (!$("broad").hidden) body.force = confirm("This pattern is very broad. Allow it anyway?"); }
+  if (action === "deny") body.persist = $("ask-save").checked && confirm("Also deny " + p.host + " from now on (save a deny rule)?");
+  try { await api("POST", sb("/approvals/" + encodeURIComponent(p.id)), body); } catch (e) { $("ask-error").textContent = e.message; return; }
+  closeAsk(); refreshApprovals();
+}
+$("b-deny").addEventListener("click", () => decide("deny"));
+$("b-once").addEventListener("click", () => decide("allow_once"));
+$("b-pattern").addEventListener("click", () => decide("allow_pattern"));
+$("ask").addEventListener("keydown", (ev) => {
+  if (ev.target.tagName === "INPUT" && ev.target.type !== "radio" && ev.target.type !== "checkbox" || ev.target.tagName === "TEXTAREA") return;
+  const k = ev.key.toLowerCase();
+  if (k === "a") { ev.preventDefault(); decide("allow_once"); } else if (k === "p") { ev.preventDefault(); decide("allow_pattern"); } else if (k === "d") { ev.preventDefault(); decide("deny"); }
+});
+$("ask").addEventListener("cancel", (ev) => ev.preventDefault()); // Escape does not silently dismiss a held request
+
+// ---- rules ----
+async function matchedCount(pattern) {
+  try { return (await api("POST", sb("/allowlist/test"), { pattern, urls: [], force: true })).recorded_matches; } catch { return "?"; }
+}
+async function loadRules() {
+  for (const [list, body] of [["allowlist", "allow-rows"], ["denylist", "deny-rows"]]) {
+    let rules;
+    try { rules = await api("GET", sb("/" + list)); } catch { continue; }
+    const rows = await Promise.all(rules.map(async (r) => {
+      const del = r.tier === "auto" ? el("span", { class: "muted" }, "managed") : el("button", { class: "danger", "aria-label": "delete " + r.pattern, onclick: async () => {
+        try { await api("DELETE", sb("/" + list + "/" + r.id)); loadRules(); } catch (e) { $("add-error").textContent = e.message; }
+      } }, "delete");
+      return el("tr", { "data-id": r.id }, el("td", { class: "mono" }, r.pattern), el("td", {}, r.type), el("td", {}, r.tier),
+        el("td", {}, (r.member ? "only " + r.member + "; " : "") + (r.source || "")), el("td", {}, r.added ? new Date(r.added).toLocaleString() : ""),
+        el("td", { class: "num" }, await matchedCount(r.pattern)), el("td", {}, del));
+    }));
+    $(body).replaceChildren(...rows);
+  }
+}
+$("add-rule").addEventListener("submit", async (ev) => {
+  ev.preventDefault(); $("add-error").textContent = "";
+  try {
+    await api("POST", sb("/" + $("new-list").value), { pattern: $("new-pattern").value.trim(), persist: $("new-save").checked });
+    $("new-pattern").value = ""; loadRules();
+  } catch (e) { $("add-error").textContent = e.message; }
+});
+
+// ---- settings ----
+async function loadSettings() {
+  let s;
+  try { s = await api("GET", sb("")); } catch { return; }
+  $("s-unknown").textContent = s.unknown_action + (s.unknown_action === "allow" ? " — WARNING: allow lets anything through; the sandbox only records" : s.unknown_action === "ask" ? " — held until someone decides" : "");
+  $("s-unknown").className = s.unknown_action === "allow" ? "bad" : "";
+  $("s-timeout").textContent = s.approval_timeout + " s";
+  $("s-inspect").textContent = s.inspect === "all" ? "all TLS intercepted" : "only hosts with path or method rules";
+  $("s-policy").textContent = s.policy; $("s-subnet").textContent = s.subnet;
+  $("mcp-rows").replaceChildren(...s.mcp_servers.map((m) => el("tr", {}, el("td", {}, m.name), el("td", {}, m.transport), el("td", {}, m.network),
+    el("td", { class: "mono" }, m.domains.join(", ")), el("td", { class: m.risk === "high" ? "bad" : m.risk === "medium" ? "warn" : "" }, m.risk + (m.risk === "high" ? " — reaches any URL it is asked for" : "")))));
+}
+
+start();
