@@ -19,7 +19,8 @@ build:
 # Everything, privileged tests included: a privileged test that cannot run
 # fails instead of skipping.
 test: lint
-	AIRLOCK_REQUIRE_PRIVILEGED=1 $(GO) test -count=1 -timeout 13m ./...
+	AIRLOCK_REQUIRE_PRIVILEGED=1 $(GO) test -count=1 -timeout 13m -skip '^TestWeb' ./...
+	@GO=$(GO) scripts/webtest.sh
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 
 # Unprivileged quick run for development: privileged tests skip.

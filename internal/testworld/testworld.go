@@ -9,6 +9,7 @@
 package testworld
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -208,11 +209,21 @@ func (w *World) serveTCP(kind, addr string, handle func(net.Conn)) {
 	}()
 }
 
-// tcpLogger answers every connection with a tiny HTTP response.
+// tcpLogger answers every connection with a tiny HTTP response, after
+// reading the request head (a server that closes before reading makes its
+// client's writes fail at random).
 func (w *World) tcpLogger(addr string) {
 	w.serveTCP("tcp", addr, func(c net.Conn) {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		r := bufio.NewReader(c)
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil || l == "\r\n" || l == "\n" {
+				break
+			}
+		}
 		c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\ninternet"))
-		c.Close()
 	})
 }
 
