@@ -140,10 +140,7 @@ func NewGuard(cfg GuardConfig, now func() time.Time) (*Guard, error) {
 // returns ok=false when the name must not go upstream, and a non-nil Trip
 // when the guard objected (in alert-only mode ok stays true).
 func (g *Guard) Check(name string) (trip *Trip, ok bool) {
-	domain, err := publicsuffix.EffectiveTLDPlusOne(name)
-	if err != nil {
-		domain = name
-	}
+	domain := icannDomain(name)
 	now := g.now()
 
 	g.mu.Lock()
@@ -232,6 +229,27 @@ func (g *Guard) pruneKnownLocked(st *domainState, now time.Time) {
 			delete(st.known, n)
 		}
 	}
+}
+
+// icannDomain is the registrable domain of name under the ICANN section of
+// the public suffix list only. Private suffixes (github.io, appspot.com)
+// are one company's namespace but anyone's subdomains: counting under them
+// would give every made-up name its own quota and skip the label checks.
+func icannDomain(name string) string {
+	suffix := name
+	for {
+		ps, icann := publicsuffix.PublicSuffix(suffix)
+		if icann || !strings.Contains(ps, ".") {
+			suffix = ps
+			break
+		}
+		suffix = ps[strings.IndexByte(ps, '.')+1:] // drop the private label
+	}
+	if suffix == name {
+		return name
+	}
+	rest := strings.TrimSuffix(name, "."+suffix)
+	return rest[strings.LastIndexByte(rest, '.')+1:] + "." + suffix
 }
 
 // labelReason returns why the labels of a subdomain look like carried data,

@@ -111,3 +111,31 @@ func TestGuardConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+func TestGuardCountsUnderICANNDomains(t *testing.T) {
+	tests := []struct{ name, want string }{
+		{"a.b.example.com", "example.com"},
+		{"example.com", "example.com"},
+		{"x.example.co.uk", "example.co.uk"},
+		{"data-carrier.github.io", "github.io"},
+		{"a.b.storage.googleapis.com", "googleapis.com"},
+		{"test", "test"},
+	}
+	for _, tt := range tests {
+		if got := icannDomain(tt.name); got != tt.want {
+			t.Errorf("icannDomain(%q) = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	// Made-up names under a private suffix share one quota and get the
+	// label checks.
+	g, _ := NewGuard(GuardConfig{MaxSubdomains: 2}, nil)
+	g.Check("one.github.io")
+	g.Check("two.github.io")
+	if _, ok := g.Check("three.github.io"); ok {
+		t.Error("a third name under github.io passed a cap of 2")
+	}
+	g2, _ := NewGuard(GuardConfig{}, nil)
+	if trip, ok := g2.Check("deadbeef00112233.github.io"); ok || trip == nil {
+		t.Error("a hex label under a private suffix passed the label checks")
+	}
+}
