@@ -23,9 +23,11 @@ import (
 // forwarder into the host namespace) and signs in with the token.
 //
 // chromedp v0.14 (the last release with the API used here) sometimes loses
-// its session with Debian's chromium 156 right after start ("context
-// canceled", the browser itself still running); such a start is retried, up
-// to three times, and said so in the log.
+// its session with Debian's chromium 156: chromium closes the DevTools
+// websocket (EOF) and every call then fails with "context canceled". A start
+// that fails so is retried here, up to three times, and said so in the log;
+// a later loss fails the test with that signature, and scripts/webtest.sh
+// runs such a test again.
 func browserFor(t *testing.T, w *testworld.World, token string) (context.Context, string) {
 	t.Helper()
 	chrome, err := exec.LookPath("chromium")
@@ -180,8 +182,11 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 	// The monitor lists the traffic with source, method, URL, status and
 	// size; the pending row became allowed.
 	var monitor string
-	chromedp.Run(ctx, chromedp.Poll(`document.querySelector("#rows").textContent.includes("allowed (allow pattern)")`, nil),
-		chromedp.Text("#rows", &monitor, chromedp.ByID))
+	err := chromedp.Run(ctx, chromedp.Poll(`document.querySelector("#rows").textContent.includes("allowed (allow pattern)")`, nil, chromedp.WithPollingTimeout(10*time.Second)))
+	chromedp.Run(ctx, chromedp.Text("#rows", &monitor, chromedp.ByID))
+	if err != nil {
+		t.Errorf("the approval's row never said allowed (allow pattern): %v", err)
+	}
 	for _, want := range []string{"agent GET http://allowed.test/ 200 8 B", "mcp:github http://api.unknown.test/v1/data allowed (allow pattern)", "mcp:github GET http://api.unknown.test/v1/data 200 8 B"} {
 		if !strings.Contains(squash(monitor), want) {
 			t.Errorf("monitor lacks %q: %q", want, monitor)

@@ -242,10 +242,12 @@ func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rul
 	}
 	delete(b.pending, ps.ID)
 	ps.out = out
-	close(ps.done)
 	snapshot := ps.Pending
 	b.mu.Unlock()
+	// The decision is announced before the waiters go on, so the monitor
+	// and the audit log show it ahead of the traffic it let through.
 	b.emit(BrokerEvent{Kind: "decided", Pending: snapshot, Action: action, Rule: rule})
+	close(ps.done)
 	return true
 }
 

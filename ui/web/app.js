@@ -134,9 +134,8 @@ function addRecord(e) {
   else if (e.host && e.port && state.samples.length < 50) { const u = (e.port === 80 ? "http://" : "https://") + e.host + "/"; if (!state.samples.includes(u)) state.samples.push(u); }
   const tr = rowFor(e);
   tr.hidden = !visible(tr);
-  // A pending row for the same host is replaced by the final record.
-  const pend = [...$("rows").querySelectorAll('tr[data-verdict="pending"]')].find((r) => r.dataset.host === e.host);
-  if (pend) pend.remove();
+  // An approval's row stays: markDecided turns it into the decision, and the
+  // traffic the decision let through follows as rows of its own.
   $("rows").append(tr);
   while ($("rows").children.length > MAX_ROWS) $("rows").firstChild.remove();
   if (state.follow) $("scroller").scrollTop = $("scroller").scrollHeight;
