@@ -137,6 +137,9 @@ func parseSpec(path string, data []byte) (*Spec, *yaml.Node, error) {
 // parseYAML parses a single YAML document and returns its top-level
 // mapping, or nil when the document is empty.
 func parseYAML(path string, data []byte) (*yaml.Node, error) {
+	if err := lineBreaks(path, data); err != nil {
+		return nil, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -652,4 +655,27 @@ func (d *decoder) resources(path string, n *yaml.Node, r *Resources) error {
 			return err
 		},
 	})
+}
+
+// lineBreaks refuses line breaks other than LF and CRLF. YAML also breaks
+// lines at a lone CR, NEL, LS and PS; a file using them would be counted
+// differently by YAML and by the editor that splices rules into it, so it
+// is refused rather than half understood. (Written strings escape them.)
+func lineBreaks(path string, data []byte) error {
+	line := 1
+	for i, r := range string(data) {
+		bad := ""
+		switch {
+		case r == '\n':
+			line++
+		case r == '\r' && (i+1 >= len(data) || data[i+1] != '\n'):
+			bad = "a carriage return not followed by a line feed"
+		case r == '\u0085' || r == '\u2028' || r == '\u2029':
+			bad = fmt.Sprintf("the line break U+%04X", r)
+		}
+		if bad != "" {
+			return &FileError{File: path, Line: line, Err: fmt.Errorf("%s; policy files use LF or CRLF line endings (write it escaped inside double quotes)", bad)}
+		}
+	}
+	return nil
 }

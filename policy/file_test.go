@@ -951,3 +951,26 @@ func FuzzAddRule(f *testing.F) {
 		}
 	})
 }
+
+// A line break YAML knows but LF/CRLF editing does not is refused with its
+// line, not half understood; CRLF is fine.
+func TestParseSpecRefusesForeignLineBreaks(t *testing.T) {
+	for _, tc := range []struct {
+		data string
+		line int
+	}{
+		{"\r\r\r ", 1},
+		{"sandbox:\n  network_allowlist:\r    user: []\n", 2},
+		{"# a\n# b\nsandbox: {}\u2028\n", 3},
+		{"sandbox: {}\u0085", 1},
+	} {
+		_, err := ParseSpec("app.yaml", []byte(tc.data))
+		var fe *FileError
+		if !errors.As(err, &fe) || fe.Line != tc.line || !strings.Contains(err.Error(), "LF or CRLF") {
+			t.Errorf("ParseSpec(%q) = %v, want a FileError at line %d about LF or CRLF", tc.data, err, tc.line)
+		}
+	}
+	if _, err := ParseSpec("app.yaml", []byte("sandbox:\r\n  network_allowlist:\r\n    user:\r\n      - pattern: api.example.com\r\n")); err != nil {
+		t.Errorf("CRLF: %v", err)
+	}
+}
