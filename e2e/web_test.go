@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,7 +52,7 @@ func startBrowser(t *testing.T, chrome, base, token string) (context.Context, fu
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chrome), chromedp.Flag("headless", true), chromedp.NoSandbox, chromedp.DisableGPU,
 		chromedp.WindowSize(1280, 800), chromedp.Flag("disable-dev-shm-usage", true))
-	var chromeOut syncWriter
+	var chromeOut testworld.SyncBuffer
 	opts = append(opts, chromedp.CombinedOutput(&chromeOut))
 	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel2 := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf), chromedp.WithErrorf(t.Logf))
@@ -93,24 +92,6 @@ func startBrowser(t *testing.T, chrome, base, token string) (context.Context, fu
 		err = fmt.Errorf("%w; page: %s", err, state)
 	}
 	return ctx, stop, err
-}
-
-// syncWriter collects a process's output.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
 
 // squash folds the whitespace of an element's text, as a person reads it.

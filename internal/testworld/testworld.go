@@ -402,22 +402,24 @@ func moduleRoot() (string, error) {
 type Daemon struct {
 	w    *World
 	cmd  *exec.Cmd
-	Log  *syncBuffer
+	Log  *SyncBuffer
 	done chan struct{}
 }
 
-type syncBuffer struct {
+// SyncBuffer collects a process's output, written and read from different
+// goroutines.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
@@ -428,7 +430,7 @@ func (s *syncBuffer) String() string {
 func (w *World) StartDaemon(cfg string) *Daemon {
 	w.t.Helper()
 	bin := Binaries(w.t)
-	d := &Daemon{w: w, Log: &syncBuffer{}, done: make(chan struct{})}
+	d := &Daemon{w: w, Log: &SyncBuffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
 	d.cmd.Stdout, d.cmd.Stderr = d.Log, d.Log
 	if err := d.cmd.Start(); err != nil {
