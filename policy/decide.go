@@ -58,6 +58,9 @@ const (
 	ReasonRawIP
 	// ReasonBadHost: the host is not a valid name or address.
 	ReasonBadHost
+	// ReasonUntrusted: the member is user_added and no allow rule names
+	// it as its member.
+	ReasonUntrusted
 )
 
 func (r Reason) String() string {
@@ -76,6 +79,8 @@ func (r Reason) String() string {
 		return "raw IP destination and no cidr: rule allows it"
 	case ReasonBadHost:
 		return "not a valid host name"
+	case ReasonUntrusted:
+		return "the member is user_added and no allow rule names it as member"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
@@ -89,6 +94,9 @@ type Query struct {
 	// and empty for a connection-level question (DNS name, TLS SNI).
 	Method string
 	Path   string // the request target's path, query allowed; "/" when empty
+	// MemberOnly says the member is user_added: only allow rules naming
+	// Source as their member apply, and nothing else is asked or allowed.
+	MemberOnly bool
 }
 
 // IsRequest reports whether q asks about one request rather than about a
@@ -176,11 +184,11 @@ func (rs *Ruleset) Decide(q Query) Decision {
 	if q.IsRequest() {
 		return rs.decideRequest(&q, host, isIP)
 	}
-	denyHost, denyL7 := rs.deny.matchHost(host, q.Source, q.Port, isIP)
+	denyHost, denyL7 := rs.deny.matchHost(host, q.Source, q.Port, isIP, false)
 	if denyHost != nil {
 		return Decision{Verdict: Deny, Rule: denyHost, Reason: ReasonDenyRule}
 	}
-	allowHost, allowL7 := rs.allow.matchHost(host, q.Source, q.Port, isIP)
+	allowHost, allowL7 := rs.allow.matchHost(host, q.Source, q.Port, isIP, q.MemberOnly)
 	switch {
 	case allowHost != nil && denyL7 != nil:
 		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
@@ -190,6 +198,8 @@ func (rs *Ruleset) Decide(q Query) Decision {
 		return Decision{Verdict: NeedsL7, Rule: allowL7, Reason: ReasonPathRules}
 	case isIP:
 		return Decision{Verdict: Deny, Reason: ReasonRawIP}
+	case q.MemberOnly:
+		return Decision{Verdict: Deny, Reason: ReasonUntrusted}
 	case denyL7 != nil && rs.unknown == ActionAllow:
 		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
 	}
@@ -203,14 +213,17 @@ func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
 	if i := strings.IndexAny(rq.raw, "?#"); i >= 0 {
 		rq.raw = rq.raw[:i]
 	}
-	if r := rs.deny.matchRequest(host, q.Source, q.Port, isIP, &rq, true); r != nil {
+	if r := rs.deny.matchRequest(host, q.Source, q.Port, isIP, &rq, true, false); r != nil {
 		return Decision{Verdict: Deny, Rule: r, Reason: ReasonDenyRule}
 	}
-	if r := rs.allow.matchRequest(host, q.Source, q.Port, isIP, &rq, false); r != nil {
+	if r := rs.allow.matchRequest(host, q.Source, q.Port, isIP, &rq, false, q.MemberOnly); r != nil {
 		return Decision{Verdict: Allow, Rule: r, Reason: ReasonAllowRule}
 	}
 	if isIP {
 		return Decision{Verdict: Deny, Reason: ReasonRawIP}
+	}
+	if q.MemberOnly {
+		return Decision{Verdict: Deny, Reason: ReasonUntrusted}
 	}
 	return rs.unknownDecision()
 }
@@ -314,23 +327,24 @@ func (ix *index) candidates(host string, isIP bool, f func(*Rule) bool) {
 // matchHost returns the first rule for host, source and port that needs no
 // request to decide (hostOnly), and the first that looks at the method or
 // path (l7). It stops at the first hostOnly rule.
-func (ix *index) matchHost(host, source string, port uint16, isIP bool) (hostOnly, l7 *Rule) {
+func (ix *index) matchHost(host, source string, port uint16, isIP, memberOnly bool) (hostOnly, l7 *Rule) {
 	// candidates does not keep f, so the matcher stays on the stack: a
 	// host-level decision does not allocate.
-	m := hostMatcher{source: source, port: port}
+	m := hostMatcher{source: source, port: port, memberOnly: memberOnly}
 	ix.candidates(host, isIP, m.visit)
 	return m.hostOnly, m.l7
 }
 
 type hostMatcher struct {
-	source   string
-	port     uint16
-	hostOnly *Rule
-	l7       *Rule
+	source     string
+	port       uint16
+	memberOnly bool
+	hostOnly   *Rule
+	l7         *Rule
 }
 
 func (m *hostMatcher) visit(r *Rule) bool {
-	if !appliesTo(r, m.source, m.port) {
+	if !appliesTo(r, m.source, m.port, m.memberOnly) {
 		return true
 	}
 	if r.Pattern.NeedsL7() {
@@ -343,10 +357,10 @@ func (m *hostMatcher) visit(r *Rule) bool {
 	return false
 }
 
-func (ix *index) matchRequest(host, source string, port uint16, isIP bool, rq *request, deny bool) *Rule {
+func (ix *index) matchRequest(host, source string, port uint16, isIP bool, rq *request, deny, memberOnly bool) *Rule {
 	var found *Rule
 	ix.candidates(host, isIP, func(r *Rule) bool {
-		if !appliesTo(r, source, port) {
+		if !appliesTo(r, source, port, memberOnly) {
 			return true
 		}
 		p := &r.Pattern
@@ -374,8 +388,10 @@ func (ix *index) matchRequest(host, source string, port uint16, isIP bool, rq *r
 	return found
 }
 
-func appliesTo(r *Rule, source string, port uint16) bool {
-	return (r.Member == "" || r.Member == source) && r.Pattern.matchPort(port)
+// appliesTo reports whether r speaks of a request from source to port; with
+// memberOnly, only a rule naming source as its member does.
+func appliesTo(r *Rule, source string, port uint16, memberOnly bool) bool {
+	return (r.Member == source || r.Member == "" && !memberOnly) && r.Pattern.matchPort(port)
 }
 
 func isIPLiteral(host string) bool {
@@ -425,6 +441,12 @@ func (d Decision) Explain(host string) string {
 // no rule allows never reaches an upstream server, whatever unknown_action
 // says. IP literals are not names and are denied.
 func (rs *Ruleset) DecideName(source, name string) Decision {
+	return rs.decideName(source, name, false)
+}
+
+// decideName is DecideName; with memberOnly only allow rules naming source
+// as their member apply (a user_added member).
+func (rs *Ruleset) decideName(source, name string, memberOnly bool) Decision {
 	host, err := NormalizeHost(name)
 	if err != nil || isIPLiteral(host) {
 		return Decision{Verdict: Deny, Reason: ReasonBadHost}
@@ -434,22 +456,26 @@ func (rs *Ruleset) DecideName(source, name string) Decision {
 	if m.found != nil {
 		return Decision{Verdict: Deny, Rule: m.found, Reason: ReasonDenyRule}
 	}
-	m = nameMatcher{source: source}
+	m = nameMatcher{source: source, memberOnly: memberOnly}
 	rs.allow.candidates(host, false, m.visit)
 	if m.found != nil {
 		return Decision{Verdict: Allow, Rule: m.found, Reason: ReasonAllowRule}
+	}
+	if memberOnly {
+		return Decision{Verdict: Deny, Reason: ReasonUntrusted}
 	}
 	return rs.unknownDecision()
 }
 
 type nameMatcher struct {
-	source string
-	deny   bool
-	found  *Rule
+	source     string
+	deny       bool
+	memberOnly bool
+	found      *Rule
 }
 
 func (m *nameMatcher) visit(r *Rule) bool {
-	if r.Member != "" && r.Member != m.source {
+	if r.Member != m.source && (r.Member != "" || m.memberOnly) {
 		return true
 	}
 	if m.deny && (r.Pattern.NeedsL7() || r.Pattern.port != 0) {

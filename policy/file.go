@@ -8,6 +8,7 @@ import (
 	"maps"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -583,6 +584,8 @@ func checkMember(s string) error {
 	return nil
 }
 
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
 func (d *decoder) mcpServers(path string, n *yaml.Node) ([]MCPServer, error) {
 	var servers []MCPServer
 	lines := make(map[string]int)
@@ -612,12 +615,68 @@ func (d *decoder) mcpServers(path string, n *yaml.Node) ([]MCPServer, error) {
 				}
 				return nil
 			},
+			"image": func(p string, v *yaml.Node) (err error) {
+				if srv.Image, err = d.str(p, v); err != nil {
+					return err
+				}
+				if srv.Image == "" || strings.ContainsFunc(srv.Image, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+					return d.errorf(v, p, "want an image reference such as ghcr.io/github/github-mcp-server:latest")
+				}
+				return nil
+			},
+			"command": func(p string, v *yaml.Node) error {
+				return d.items(v, p, func(p string, v *yaml.Node) error {
+					arg, err := d.str(p, v)
+					if err == nil && strings.ContainsRune(arg, 0) {
+						err = d.errorf(v, p, "holds a NUL byte")
+					}
+					srv.Command = append(srv.Command, arg)
+					return err
+				})
+			},
+			"env": func(p string, v *yaml.Node) error {
+				if v.Kind != yaml.MappingNode {
+					return d.errorf(v, p, "want a mapping of NAME: value, got %s", describeNode(v))
+				}
+				srv.Env = map[string]string{}
+				for i := 0; i+1 < len(v.Content); i += 2 {
+					k, val := v.Content[i], v.Content[i+1]
+					if !envName.MatchString(k.Value) {
+						return d.errorf(k, p, "environment name %q: want letters, digits and _", truncate(k.Value, 40))
+					}
+					s, err := d.str(p+"."+k.Value, val)
+					if err != nil {
+						return err
+					}
+					if strings.ContainsRune(s, 0) {
+						return d.errorf(val, p+"."+k.Value, "holds a NUL byte")
+					}
+					srv.Env[k.Value] = s
+				}
+				return nil
+			},
+			"trust": func(p string, v *yaml.Node) error {
+				s, err := d.str(p, v)
+				if err != nil {
+					return err
+				}
+				if srv.Trust, err = ParseTrust(s); err != nil {
+					return d.errorf(v, p, "%v", err)
+				}
+				return nil
+			},
 		})
 		if err != nil {
 			return err
 		}
 		if nameNode == nil {
 			return d.errorf(v, p, "missing name")
+		}
+		if srv.Trust == 0 {
+			srv.Trust = TrustUserAdded
+			if _, known := LookupMCPServer(srv.Name); known {
+				srv.Trust = TrustBuiltin
+			}
 		}
 		key := strings.ToLower(strings.TrimSpace(srv.Name))
 		if line, dup := lines[key]; dup {
@@ -641,6 +700,11 @@ func (d *decoder) resources(path string, n *yaml.Node, r *Resources) error {
 				},
 				"cpus": func(p string, v *yaml.Node) (err error) {
 					l.CPUs, err = d.float(p, v, maxCPUs)
+					return err
+				},
+				"pids": func(p string, v *yaml.Node) error {
+					n, err := d.int(p, v, 8, 1<<16)
+					l.Pids = int(n)
 					return err
 				},
 			})

@@ -67,10 +67,10 @@ func TestLoadSpecApp(t *testing.T) {
 		Deny: []*Rule{
 			newUserRule(t, Denylist, "pastebin.com", "", "denied during run", mustTime("2025-01-16T09:00:00Z"), false),
 		},
-		MCPServers: []MCPServer{{Name: "github", Transport: "stdio"}},
+		MCPServers: []MCPServer{{Name: "github", Transport: "stdio", Trust: TrustBuiltin}},
 		Resources: Resources{
-			Agent:      Limits{MemoryMB: 512, CPUs: 1},
-			MCP:        Limits{MemoryMB: 256, CPUs: 0.5},
+			Agent:      Limits{MemoryMB: 512, CPUs: 1, Pids: DefaultPids},
+			MCP:        Limits{MemoryMB: 256, CPUs: 0.5, Pids: DefaultPids},
 			RunTimeout: 300 * time.Second,
 		},
 	}
@@ -103,10 +103,10 @@ func TestLoadSpecFull(t *testing.T) {
 			newUserRule(t, Denylist, "*", "", "", time.Time{}, false),
 			newUserRule(t, Denylist, `regex:.*\.(ru|cn)`, "mcp:fetch", "", time.Time{}, false),
 		},
-		MCPServers: []MCPServer{{Name: "slack", Transport: "stdio"}, {Name: "custom-tool", Transport: "sse"}},
+		MCPServers: []MCPServer{{Name: "slack", Transport: "stdio", Trust: TrustBuiltin}, {Name: "custom-tool", Transport: "sse", Trust: TrustUserAdded}},
 		Resources: Resources{
-			Agent:      Limits{MemoryMB: 2048, CPUs: 2},
-			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs},
+			Agent:      Limits{MemoryMB: 2048, CPUs: 2, Pids: DefaultPids},
+			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs, Pids: DefaultPids},
 			RunTimeout: time.Hour,
 		},
 	}

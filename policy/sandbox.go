@@ -3,6 +3,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -32,6 +33,14 @@ type Sandbox struct {
 
 	rs         atomic.Pointer[Ruleset]
 	inspectAll atomic.Bool
+	// fileTrust maps the policy file's MCP servers ("mcp:NAME") to their
+	// trust level.
+	fileTrust atomic.Pointer[map[string]Trust]
+
+	// trust maps members the file does not list to their level; it is
+	// replaced, never changed, under trustMu.
+	trustMu sync.Mutex
+	trust   atomic.Pointer[map[string]Trust]
 
 	// mu serialises changes and guards the following fields.
 	mu      sync.Mutex
@@ -76,14 +85,57 @@ func (s *Sandbox) Name() string { return s.name }
 // Path returns the sandbox's policy file.
 func (s *Sandbox) Path() string { return s.path }
 
-// Decide answers q with the sandbox's current rules.
-func (s *Sandbox) Decide(q Query) Decision { return s.rs.Load().Decide(q) }
+// Decide answers q with the sandbox's current rules. A user_added member
+// (see Trust) gets only what allow rules naming it allow.
+func (s *Sandbox) Decide(q Query) Decision {
+	q.MemberOnly = q.MemberOnly || s.untrusted(q.Source)
+	return s.rs.Load().Decide(q)
+}
 
 // DecideName answers a question about a DNS name with the sandbox's
 // current rules (see Ruleset.DecideName).
 func (s *Sandbox) DecideName(source, name string) Decision {
-	return s.rs.Load().DecideName(source, name)
+	return s.rs.Load().decideName(source, name, s.untrusted(source))
 }
+
+// SetTrust records the trust level of a member that is not one of the
+// policy file's mcp_servers (a container labelled airlock.trust). Zero
+// forgets it.
+func (s *Sandbox) SetTrust(source string, t Trust) {
+	s.trustMu.Lock()
+	defer s.trustMu.Unlock()
+	m := map[string]Trust{}
+	if old := s.trust.Load(); old != nil {
+		m = maps.Clone(*old)
+	}
+	if t == 0 {
+		delete(m, source)
+	} else {
+		m[source] = t
+	}
+	s.trust.Store(&m)
+}
+
+// Trust returns a member's trust level: the policy file's for its MCP
+// servers ("mcp:NAME"), else what SetTrust recorded, else builtin.
+func (s *Sandbox) Trust(source string) Trust {
+	if source == "" {
+		return TrustBuiltin
+	}
+	if t := s.fileTrust.Load(); t != nil {
+		if v, ok := (*t)[source]; ok {
+			return v
+		}
+	}
+	if t := s.trust.Load(); t != nil {
+		if v, ok := (*t)[source]; ok {
+			return v
+		}
+	}
+	return TrustBuiltin
+}
+
+func (s *Sandbox) untrusted(source string) bool { return s.Trust(source) == TrustUserAdded }
 
 // InspectAll reports whether the sandbox intercepts every TLS connection
 // (inspect: all), not only those that path or method rules need.
@@ -250,6 +302,11 @@ func (s *Sandbox) reloadLocked(session []*Rule) error {
 func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
 	s.spec, s.session = spec, session
 	s.inspectAll.Store(spec.Inspect == InspectAll)
+	trust := make(map[string]Trust, len(spec.MCPServers))
+	for _, m := range spec.MCPServers {
+		trust[m.Source()] = m.Trust
+	}
+	s.fileTrust.Store(&trust)
 	if !spec.Enabled {
 		// A disabled sandbox still cages its members: with no policy in
 		// force, nothing is allowed.

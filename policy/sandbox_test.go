@@ -252,3 +252,91 @@ func TestOpenSandboxErrors(t *testing.T) {
 		t.Errorf("broken file: %v", err)
 	}
 }
+
+func TestSandboxUserAddedMemberGetsOnlyItsRules(t *testing.T) {
+	s, _ := openTestSandbox(t, `sandbox:
+  unknown_action: ask
+  network_allowlist:
+    auto: [api.anthropic.com]
+    user:
+      - pattern: "api.example.com"
+      - pattern: "tools.example.com"
+        member: "mcp:custom"
+  network_denylist:
+    - pattern: "evil.example.com"
+  mcp_servers:
+    - name: custom
+      transport: sse
+      image: custom-mcp:1
+      command: ["/srv", "--port", "8080"]
+      env: {LOG_LEVEL: debug}
+    - name: github
+    - name: vouched
+      trust: verified
+`)
+	spec := s.Spec()
+	if got := spec.MCPServers[0]; got.Trust != TrustUserAdded || got.Image != "custom-mcp:1" || len(got.Command) != 3 || got.Env["LOG_LEVEL"] != "debug" {
+		t.Errorf("custom server parsed as %+v", got)
+	}
+	if spec.MCPServers[1].Trust != TrustBuiltin || spec.MCPServers[2].Trust != TrustVerified {
+		t.Errorf("trust of github %v, vouched %v; want builtin, verified", spec.MCPServers[1].Trust, spec.MCPServers[2].Trust)
+	}
+	tests := []struct {
+		source, host string
+		want         Verdict
+	}{
+		{"mcp:custom", "tools.example.com", Allow}, // a rule names it
+		{"mcp:custom", "api.example.com", Deny},    // everyone's rule, not its own
+		{"mcp:custom", "api.anthropic.com", Deny},  // auto entries too
+		{"mcp:custom", "unknown.test", Deny},       // not asked: denied
+		{"mcp:custom", "evil.example.com", Deny},
+		{"mcp:vouched", "api.example.com", Allow},
+		{"agent", "api.example.com", Allow},
+		{"agent", "unknown.test", Ask},
+		{"agent", "tools.example.com", Ask}, // the rule is mcp:custom's only
+	}
+	for _, tc := range tests {
+		d := s.Decide(Query{Source: tc.source, Host: tc.host, Port: 443})
+		if d.Verdict != tc.want {
+			t.Errorf("%s -> %s: %v (%s), want %v", tc.source, tc.host, d.Verdict, d, tc.want)
+		}
+		if tc.source == "mcp:custom" && tc.want == Deny && tc.host != "evil.example.com" && d.Reason != ReasonUntrusted {
+			t.Errorf("%s -> %s: reason %v, want ReasonUntrusted", tc.source, tc.host, d.Reason)
+		}
+		if n := s.DecideName(tc.source, tc.host); (n.Verdict == Allow) != (tc.want == Allow) {
+			t.Errorf("DNS %s -> %s: %v, want allowed=%v", tc.source, tc.host, n.Verdict, tc.want == Allow)
+		}
+	}
+	if d := s.Decide(Query{Source: "mcp:custom", Host: "tools.example.com", Port: 443, Method: "GET", Path: "/x"}); d.Verdict != Allow {
+		t.Errorf("request from mcp:custom to its own host: %v", d)
+	}
+	if d := s.Decide(Query{Source: "mcp:custom", Host: "api.example.com", Port: 443, Method: "GET", Path: "/x"}); d.Verdict != Deny {
+		t.Errorf("request from mcp:custom to everyone's host: %v", d)
+	}
+
+	// A container labelled user_added at run time.
+	s.SetTrust("scraper", TrustUserAdded)
+	if v := s.Decide(Query{Source: "scraper", Host: "api.example.com", Port: 443}).Verdict; v != Deny {
+		t.Errorf("user_added container: %v, want deny", v)
+	}
+	s.SetTrust("scraper", 0)
+	if v := s.Decide(Query{Source: "scraper", Host: "api.example.com", Port: 443}).Verdict; v != Allow {
+		t.Errorf("forgotten container: %v, want allow", v)
+	}
+}
+
+func TestParseMCPServerFieldsRefused(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"image: \"\"", "want an image reference"},
+		{"image: \"a b\"", "want an image reference"},
+		{"trust: root", `unknown trust level "root"`},
+		{"env: [A]", "want a mapping of NAME: value"},
+		{"env: {\"A-B\": x}", `environment name "A-B"`},
+		{"command: /bin/sh", "want a list"},
+	} {
+		_, err := ParseSpec("app.yaml", []byte("sandbox:\n  mcp_servers:\n    - name: x\n      "+tc.body+"\n"))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "app.yaml:") {
+			t.Errorf("%s: error %v, want one naming app.yaml:LINE and %q", tc.body, err, tc.want)
+		}
+	}
+}

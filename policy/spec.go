@@ -2,6 +2,9 @@ package policy
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -78,12 +81,63 @@ func ParseInspect(s string) (Inspect, error) {
 type MCPServer struct {
 	Name      string // a known server's name ("github") or any other
 	Transport string // "stdio" or "sse"
+	// Image, when set, is the container image airlock starts the server
+	// from: as a sidecar for sse, for the agent to spawn for stdio.
+	Image   string
+	Command []string          // the command in the image; empty: its own
+	Env     map[string]string // its environment
+	// Trust is builtin, verified or user_added. It defaults to builtin for
+	// a known server and user_added for any other. A user_added server
+	// reaches only what rules naming it as their member allow.
+	Trust Trust
 }
+
+// Trust is how far airlock trusts a sandbox member.
+type Trust uint8
+
+const (
+	// TrustBuiltin is a server airlock knows (see KnownMCPServers).
+	TrustBuiltin Trust = iota + 1
+	// TrustVerified is a server the user vouches for.
+	TrustVerified
+	// TrustUserAdded is any other server: it gets no network beyond its
+	// sandbox except what rules naming it as member allow.
+	TrustUserAdded
+)
+
+func (t Trust) String() string {
+	switch t {
+	case TrustBuiltin:
+		return "builtin"
+	case TrustVerified:
+		return "verified"
+	case TrustUserAdded:
+		return "user_added"
+	}
+	return fmt.Sprintf("Trust(%d)", uint8(t))
+}
+
+// ParseTrust reads "builtin", "verified" or "user_added".
+func ParseTrust(s string) (Trust, error) {
+	switch s {
+	case "builtin":
+		return TrustBuiltin, nil
+	case "verified":
+		return TrustVerified, nil
+	case "user_added":
+		return TrustUserAdded, nil
+	}
+	return 0, fmt.Errorf("unknown trust level %q: want builtin, verified or user_added", s)
+}
+
+// Source is the member name of the server's sidecar: "mcp:NAME".
+func (m MCPServer) Source() string { return "mcp:" + strings.ToLower(strings.TrimSpace(m.Name)) }
 
 // Limits are the resources of a member airlock starts itself.
 type Limits struct {
 	MemoryMB int     // megabytes; 0 means the default
 	CPUs     float64 // CPUs, fractions allowed; 0 means the default
+	Pids     int     // processes and threads; 0 means the default
 }
 
 // Resources are the limits of members airlock starts itself.
@@ -117,6 +171,7 @@ const (
 	DefaultAgentCPUs       = 1.0
 	DefaultMCPMemoryMB     = 256
 	DefaultMCPCPUs         = 0.5
+	DefaultPids            = 256
 	// MaxApprovalTimeout bounds how long a connection may be held.
 	MaxApprovalTimeout = 10 * time.Minute
 )
@@ -131,9 +186,15 @@ func DefaultSpec() *Spec {
 		ApprovalTimeout: DefaultApprovalTimeout,
 		Inspect:         InspectNeeded,
 		Resources: Resources{
-			Agent:      Limits{MemoryMB: DefaultAgentMemoryMB, CPUs: DefaultAgentCPUs},
-			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs},
+			Agent:      Limits{MemoryMB: DefaultAgentMemoryMB, CPUs: DefaultAgentCPUs, Pids: DefaultPids},
+			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs, Pids: DefaultPids},
 			RunTimeout: DefaultRunTimeout,
 		},
 	}
+}
+
+// Equal reports whether m and o say the same.
+func (m MCPServer) Equal(o MCPServer) bool {
+	return m.Name == o.Name && m.Transport == o.Transport && m.Image == o.Image &&
+		slices.Equal(m.Command, o.Command) && maps.Equal(m.Env, o.Env) && m.Trust == o.Trust
 }
