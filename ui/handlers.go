@@ -74,6 +74,8 @@ func managerError(err error) error {
 			status = http.StatusNotFound
 		case me.Conflict:
 			status = http.StatusConflict
+		case me.Unavailable:
+			status = http.StatusServiceUnavailable
 		}
 		return fail(status, me.Msg, me.Hint)
 	}

@@ -51,6 +51,7 @@ type Manager interface {
 type ManagerError struct {
 	Msg, Hint          string
 	NotFound, Conflict bool
+	Unavailable        bool // the host lacks what the request needs (503)
 }
 
 func (e *ManagerError) Error() string { return e.Msg }
@@ -66,6 +67,9 @@ type Config struct {
 	Sandboxes func() []Sandbox
 	// Manager creates and deletes sandboxes; nil means the API cannot.
 	Manager Manager
+	// Containers runs Docker members; nil means there is no Docker Engine
+	// and the container routes answer 503.
+	Containers Containers
 	// Registry receives the metrics served at /metrics; nil means none.
 	Registry *prometheus.Registry
 	// Logger; nil means slog.Default().
@@ -274,6 +278,7 @@ func (s *Server) routes() *echo.Echo {
 	sb.GET("/requests", s.listRequests)
 	sb.GET("/requests.har", s.har)
 	sb.GET("/events", s.events)
+	s.containerRoutes(sb)
 	sb.GET("/ca.pem", func(c echo.Context) error {
 		return c.Blob(http.StatusOK, "application/x-pem-file", sandboxOf(c).CAPEM())
 	})

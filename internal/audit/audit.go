@@ -31,6 +31,7 @@ const (
 	KindApproval   = "approval"   // an approval opened or decided
 	KindRule       = "rule"       // a rule added or removed
 	KindExfil      = "exfiltration"
+	KindMember     = "member" // a Docker member started, ended or crashed
 )
 
 // Entry is one thing that happened in a sandbox. Fields that do not apply
@@ -41,6 +42,7 @@ type Entry struct {
 	Kind    string    `json:"kind"`
 	Sandbox string    `json:"sandbox"`
 	Source  string    `json:"source,omitempty"`
+	Agent   string    `json:"agent,omitempty"` // the agent driving Source, when known
 
 	Method  string `json:"method,omitempty"`
 	URL     string `json:"url,omitempty"`
