@@ -29,6 +29,7 @@ const usage = `usage:
       run CMD in the sandbox: its own network namespace on the sandbox bridge,
       DNS through the gate, the sandbox CA trusted, no capabilities; exits with
       CMD's exit code
+  airlock docker run|ps|rm ...               hardened Docker members (airlock docker for help)
   airlock ls [SANDBOX]                       sandboxes, or one sandbox's rules
   airlock allow SANDBOX PATTERN [--save] [--force] [--member M]
   airlock deny SANDBOX PATTERN [--save] [--member M]
@@ -67,6 +68,8 @@ func run(args []string) int {
 		return cmdRun(args[1:])
 	case "teardown":
 		return cmdTeardown(args[1:])
+	case "docker":
+		return cmdDocker(args[1:])
 	}
 	if cmd, ok := apiCommands()[args[0]]; ok {
 		return runAPI(cmd, args[1:])

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,9 +45,13 @@ type daemon struct {
 	mets     *metrics.Metrics
 	api      *ui.Server
 
+	docker     *netns.Docker // nil without a Docker Engine
+	dockerRuns dockerMembers
+
 	// mu serialises sandbox changes and guards sandboxes.
 	mu        sync.Mutex
 	sandboxes []*sandbox
+	byName    sync.Map // name -> *sandbox: the running sandboxes, read without mu
 }
 
 // sandbox is a running sandbox, as the API sees it.
@@ -136,6 +141,7 @@ func (d *daemon) init() error {
 		fromAPI[sb.Name] = true
 	}
 	wanted := probe.Sandboxes
+	d.connectDocker()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// Rules first, for every sandbox at once: a bridge is caged from the
@@ -148,16 +154,21 @@ func (d *daemon) init() error {
 		if err != nil {
 			return err
 		}
-		d.sandboxes = append(d.sandboxes, s)
+		d.addSandboxLocked(s)
 	}
-	d.api, err = ui.New(ui.Config{
+	d.startDockerLocked()
+	uicfg := ui.Config{
 		Listen:    cfg.APIListen,
 		TokenFile: filepath.Join(cfg.StateDir, "token"),
 		Sandboxes: d.uiSandboxes,
 		Manager:   d,
 		Registry:  d.reg,
 		Logger:    d.log,
-	})
+	}
+	if d.docker != nil {
+		uicfg.Containers = d
+	}
+	d.api, err = ui.New(uicfg)
 	if err != nil {
 		return err
 	}
@@ -222,10 +233,23 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	s.closers = append(s.closers, s.journal.Close)
 	record := func(e audit.Entry) {
 		e.Sandbox = sb.Name
+		if e.Agent == "" && d.docker != nil && e.Source != "" {
+			e.Agent = d.docker.AgentOf(sb.Name, e.Source)
+		}
 		d.mets.Observe(s.journal.Add(e))
 	}
 	leases := cfg.LeaseDir(sb.Name)
-	members := func(a netip.Addr) string { return netns.LeaseSource(leases, a) }
+	members := func(a netip.Addr) string {
+		if src := netns.LeaseSource(leases, a); src != "" {
+			return src
+		}
+		if d.docker != nil {
+			if m, ok := d.docker.Member(a); ok && m.Sandbox == sb.Name {
+				return m.Source
+			}
+		}
+		return ""
+	}
 	// A pool of its own: sandboxes must not learn each other's names
 	// through PTR queries or the order of addresses.
 	pool, err := dnsgate.NewPool(cfg.FakeIPPool)
@@ -333,7 +357,10 @@ func (d *daemon) CreateSandbox(name, policyPath, subnet string) (ui.Sandbox, err
 		d.ensureRulesLocked(probe.Sandboxes)
 		return nil, err
 	}
-	d.sandboxes = append(d.sandboxes, s)
+	d.addSandboxLocked(s)
+	if err := d.dockerSandboxLocked(s); err != nil {
+		d.log.Error("Docker network of sandbox", "sandbox", s.cfg.Name, "err", err)
+	}
 	if err := d.saveAPISandboxesLocked(); err != nil {
 		d.log.Warn("remember API-made sandboxes", "err", err)
 	}
@@ -354,11 +381,20 @@ func (d *daemon) DeleteSandbox(name string) error {
 	if !s.fromAPI {
 		return &ui.ManagerError{Msg: fmt.Sprintf("sandbox %s is defined in %s", name, d.cfg.Path), Hint: "remove it there and restart airlockd, or run airlock teardown", Conflict: true}
 	}
+	if d.docker != nil {
+		ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
+		err := d.docker.RemoveSandbox(ctx, name)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("sandbox %s kept: its Docker members could not be removed: %w", name, err)
+		}
+	}
 	s.stop(d.log)
 	if err := netns.DeleteBridge(d.h, s.net.Bridge); err != nil {
 		return err
 	}
 	d.sandboxes = slices.Delete(d.sandboxes, i, i+1)
+	d.byName.Delete(name)
 	if err := d.ensureRulesLocked(d.runningConfigsLocked()); err != nil {
 		return err
 	}
@@ -412,6 +448,11 @@ func (d *daemon) saveAPISandboxesLocked() error {
 	return os.Rename(tmp, d.apiSandboxesFile())
 }
 
+func (d *daemon) addSandboxLocked(s *sandbox) {
+	d.sandboxes = append(d.sandboxes, s)
+	d.byName.Store(s.cfg.Name, s)
+}
+
 func (d *daemon) uiSandboxes() []ui.Sandbox {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -433,6 +474,9 @@ func (d *daemon) close() {
 		s.stop(d.log)
 	}
 	d.mu.Unlock()
+	if d.docker != nil {
+		d.docker.Close()
+	}
 	if d.h != nil {
 		d.h.Close()
 	}

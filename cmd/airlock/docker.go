@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/airlockhq/airlock/ui"
+)
+
+const dockerUsage = `usage:
+  airlock docker run [FLAGS] SANDBOX IMAGE [CMD [ARG...]]
+      start a hardened member of SANDBOX from IMAGE (no capabilities, read-only
+      root, tmpfs /tmp, non-root, pids/memory/CPU limits from the policy file,
+      the sandbox CA trusted), wait for it and exit with its exit code
+      --name N        container name          --source S   label in records (default: the name)
+      --agent A       the agent driving it    --kind K     agent (default) or mcp: which limits apply
+      --workspace DIR mounted read-only at /workspace
+      --env K=V       (repeatable)            --user U     run as U instead of the image's user or nobody
+      --trust T       builtin, verified or user_added
+      -d              start it and print its ID, without waiting
+  airlock docker ps SANDBOX                  the sandbox's containers and their sources
+  airlock docker rm SANDBOX CONTAINER        stop and remove a container of the sandbox
+`
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// cmdDocker runs `airlock docker ...`; it returns the exit code, which for
+// `run` is the member's.
+func cmdDocker(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, dockerUsage)
+		return 2
+	}
+	sub := args[0]
+	fs := flag.NewFlagSet("airlock docker "+sub, flag.ContinueOnError)
+	var cm common
+	cm.register(fs)
+	var req ui.ContainerRequest
+	var env multiFlag
+	var detach bool
+	if sub == "run" {
+		fs.StringVar(&req.Name, "name", "", "container name")
+		fs.StringVar(&req.Source, "source", "", "the member's label in records (default: the container name)")
+		fs.StringVar(&req.Agent, "agent", "", "the agent that drives this member")
+		fs.StringVar(&req.Kind, "kind", "agent", "agent or mcp: which resources: limits apply")
+		fs.StringVar(&req.Workspace, "workspace", "", "host directory mounted read-only at /workspace")
+		fs.StringVar(&req.User, "user", "", "user to run as (default: the image's, or nobody when that is root)")
+		fs.StringVar(&req.Trust, "trust", "", "builtin, verified or user_added")
+		fs.Var(&env, "env", "KEY=VALUE for the member (repeatable)")
+		fs.BoolVar(&detach, "d", false, "start it and print its ID without waiting")
+	}
+	// Flags stop at SANDBOX: what follows IMAGE is the member's command.
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	pos := fs.Args()
+	want := map[string][2]int{"run": {2, -1}, "ps": {1, 1}, "rm": {2, 2}}[sub]
+	if want == [2]int{} || len(pos) < want[0] || want[1] >= 0 && len(pos) > want[1] {
+		fmt.Fprint(os.Stderr, dockerUsage)
+		return 2
+	}
+	c, err := cm.client()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock docker %s: %v\n", sub, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := func() (int, error) {
+		switch sub {
+		case "ps":
+			var list []ui.Container
+			if err := c.Do(ctx, "GET", sbPath(pos[0], "/containers"), nil, &list); err != nil {
+				return 1, err
+			}
+			if cm.json {
+				return 0, printJSON(list)
+			}
+			var rows [][]string
+			for _, m := range list {
+				rows = append(rows, []string{short(m.ID), m.Name, m.Source, m.Agent, m.Trust, m.Addr, m.Managed})
+			}
+			table("ID\tNAME\tSOURCE\tAGENT\tTRUST\tADDRESS\tSTARTED BY AIRLOCK", rows)
+			return 0, nil
+		case "rm":
+			return 0, c.Do(ctx, "DELETE", sbPath(pos[0], "/containers/"+pos[1]), nil, nil)
+		}
+		req.Image, req.Cmd, req.Env = pos[1], pos[2:], env
+		var m ui.Container
+		if err := c.Do(ctx, "POST", sbPath(pos[0], "/containers"), req, &m); err != nil {
+			return 1, err
+		}
+		if detach {
+			fmt.Println(m.ID)
+			return 0, nil
+		}
+		var res ui.ContainerResult
+		for res = (ui.ContainerResult{Running: true}); res.Running; {
+			res = ui.ContainerResult{} // a field the answer leaves out must not linger
+			if err := c.Do(ctx, "GET", sbPath(pos[0], "/containers/"+m.ID+"/wait"), nil, &res); err != nil {
+				if ctx.Err() != nil { // interrupted: the member goes too
+					c.Do(context.Background(), "DELETE", sbPath(pos[0], "/containers/"+m.ID), nil, nil)
+				}
+				return 1, err
+			}
+		}
+		os.Stdout.WriteString(res.Output)
+		if res.TimedOut {
+			fmt.Fprintf(os.Stderr, "airlock docker run: %s killed at the sandbox's run timeout\n", m.Name)
+		}
+		return res.ExitCode, nil
+	}()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock docker %s: %v\n", sub, err)
+	}
+	return code
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
