@@ -401,6 +401,7 @@ func moduleRoot() (string, error) {
 // Daemon is an airlockd process running in the world's host namespace.
 type Daemon struct {
 	w    *World
+	cfg  string
 	cmd  *exec.Cmd
 	Log  *SyncBuffer
 	done chan struct{}
@@ -429,9 +430,28 @@ func (s *SyncBuffer) String() string {
 // and waits until it says it is ready.
 func (w *World) StartDaemon(cfg string) *Daemon {
 	w.t.Helper()
+	return w.startDaemon(true, cfg)
+}
+
+// StartRootDaemon runs airlockd with the config file cfg in the machine's
+// own network namespace, where the Docker Engine puts containers, and waits
+// until it is ready. Call RouteRoot first so it reaches the internet. The
+// config must use a subnet and API port of its own; the test's cleanup
+// tears its rules and bridges down.
+func (w *World) StartRootDaemon(cfg string) *Daemon {
+	w.t.Helper()
+	return w.startDaemon(false, cfg)
+}
+
+func (w *World) startDaemon(inHost bool, cfg string) *Daemon {
+	w.t.Helper()
 	bin := Binaries(w.t)
-	d := &Daemon{w: w, Log: &SyncBuffer{}, done: make(chan struct{})}
-	d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+	d := &Daemon{w: w, Log: &SyncBuffer{}, done: make(chan struct{}), cfg: cfg}
+	if inHost {
+		d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+	} else {
+		d.cmd = exec.Command(filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+	}
 	d.cmd.Stdout, d.cmd.Stderr = d.Log, d.Log
 	if err := d.cmd.Start(); err != nil {
 		w.t.Fatalf("start airlockd: %v", err)
@@ -576,6 +596,45 @@ func (w *World) ForwardHost(addr string) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// RouteRoot links the machine's own network namespace to the internet
+// namespace (198.51.100.1 here, 198.51.100.2 there) and routes the
+// internet's addresses over it, for an airlockd that runs beside the Docker
+// Engine. The route and link go when the test ends.
+func (w *World) RouteRoot() {
+	w.t.Helper()
+	root, inet := "alt"+w.id+"r", "alt"+w.id+"n"
+	w.ip("link", "add", root, "type", "veth", "peer", "name", inet, "netns", w.Inet)
+	w.t.Cleanup(func() { exec.Command("ip", "link", "del", root).Run() })
+	w.ip("addr", "add", "198.51.100.1/30", "dev", root)
+	w.ip("link", "set", root, "up")
+	w.ip("-n", w.Inet, "addr", "add", "198.51.100.2/30", "dev", inet)
+	w.ip("-n", w.Inet, "link", "set", inet, "up")
+	w.ip("route", "add", "203.0.113.0/24", "via", "198.51.100.2")
+}
+
+// Teardown runs `airlockd --teardown` with the daemon's config, in the
+// namespace it ran in.
+func (d *Daemon) Teardown() (string, error) {
+	bin := Binaries(d.w.t)
+	args := d.cmd.Args
+	var cmd *exec.Cmd
+	if args[0] == "ip" {
+		cmd = exec.Command("ip", "netns", "exec", d.w.Host, filepath.Join(bin, "airlockd"), "--config", d.cfg, "--teardown")
+	} else {
+		cmd = exec.Command(filepath.Join(bin, "airlockd"), "--config", d.cfg, "--teardown")
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Restart stops airlockd (SIGINT) and starts it again with the same config
+// in the same namespace.
+func (d *Daemon) Restart() *Daemon {
+	d.w.t.Helper()
+	d.Stop()
+	return d.w.startDaemon(d.cmd.Args[0] == "ip", d.cfg)
 }
 
 // HostExec runs a command in the host namespace and returns its output.

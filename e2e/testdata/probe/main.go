@@ -1,0 +1,135 @@
+// Command probe is the program inside the Docker e2e tests' test image
+// (FROM scratch): what a sandboxed container would do, reported on stdout.
+//
+//	get URL            GET URL; prints "status N body" or "error: …", exits 1 on error
+//	resolve NAME       prints the addresses of NAME or "error: …"
+//	status             prints CapEff, uid, whether / is writable and how
+//	                   many processes it could start before the pids limit
+//	sleep SECS         sleeps
+//	serve ADDR [URL]   serves "sidecar" over HTTP on ADDR; with URL, GETs it
+//	                   every second as well
+//	loop URL           GETs URL every second, forever
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Println("usage: probe get|resolve|status|sleep|serve|loop ...")
+		os.Exit(2)
+	}
+	arg := func(i int) string {
+		if len(os.Args) > i {
+			return os.Args[i]
+		}
+		return ""
+	}
+	switch os.Args[1] {
+	case "get":
+		if err := get(arg(2)); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+	case "resolve":
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		addrs, err := net.DefaultResolver.LookupHost(ctx, arg(2))
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("addrs", strings.Join(addrs, " "))
+	case "status":
+		status()
+	case "sleep":
+		n, _ := strconv.Atoi(arg(2))
+		time.Sleep(time.Duration(n) * time.Second)
+	case "serve":
+		if u := arg(3); u != "" {
+			go loop(u)
+		}
+		http.ListenAndServe(arg(2), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, "sidecar")
+		}))
+	case "loop":
+		loop(arg(2))
+	}
+}
+
+func get(url string) error {
+	c := &http.Client{Timeout: 20 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+	fmt.Printf("status %d %s\n", resp.StatusCode, strings.TrimSpace(string(b)))
+	return nil
+}
+
+func loop(url string) {
+	for {
+		if err := get(url); err != nil {
+			fmt.Println("error:", err)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func status() {
+	f, err := os.Open("/proc/self/status")
+	if err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "CapEff:") || strings.HasPrefix(sc.Text(), "NoNewPrivs:") {
+				fmt.Println(strings.Join(strings.Fields(sc.Text()), " "))
+			}
+		}
+		f.Close()
+	}
+	fmt.Println("uid", os.Getuid())
+	if err := os.WriteFile("/probe-was-here", []byte("x"), 0o644); err != nil {
+		fmt.Println("rootfs write:", errors.Unwrap(err))
+	} else {
+		fmt.Println("rootfs write: ok")
+	}
+	if err := os.WriteFile("/tmp/probe-was-here", []byte("x"), 0o644); err != nil {
+		fmt.Println("tmp write:", err)
+	} else {
+		fmt.Println("tmp write: ok")
+	}
+	// A fork bomb: start sleepers until the kernel refuses.
+	var kids []*exec.Cmd
+	var ferr error
+	for len(kids) < 2000 {
+		c := exec.Command("/probe", "sleep", "30")
+		if ferr = c.Start(); ferr != nil {
+			break
+		}
+		kids = append(kids, c)
+	}
+	if errors.Is(ferr, syscall.EAGAIN) {
+		fmt.Printf("forks %d then EAGAIN\n", len(kids))
+	} else {
+		fmt.Printf("forks %d then %v\n", len(kids), ferr)
+	}
+	for _, c := range kids {
+		c.Process.Kill()
+		c.Wait()
+	}
+}
