@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
@@ -233,16 +234,17 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		return nil, err
 	}
 	gate, err := dnsgate.New(dnsgate.Config{
-		Sandbox:  sb.Name,
-		Listen:   netip.AddrPortFrom(s.net.Gateway, 53),
-		Clients:  s.net.Subnet,
-		Policy:   s.policy,
-		Pool:     pool,
-		Upstream: d.upstream,
-		Guard:    guard,
-		Members:  members,
-		OnEvent:  func(e dnsgate.Event) { record(dnsEntry(e)) },
-		Logger:   log,
+		Sandbox:    sb.Name,
+		Listen:     netip.AddrPortFrom(s.net.Gateway, 53),
+		Clients:    s.net.Subnet,
+		Policy:     s.policy,
+		Pool:       pool,
+		Upstream:   d.upstream,
+		Guard:      guard,
+		Members:    members,
+		OnEvent:    func(e dnsgate.Event) { record(dnsEntry(e)) },
+		Logger:     log,
+		LogAllowed: cfg.LogAllowed,
 	})
 	if err != nil {
 		return nil, err
@@ -277,6 +279,8 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		UpstreamRoots: d.roots,
 		InspectAll:    s.policy.InspectAll,
 		Logger:        log,
+		LogAllowed:    cfg.LogAllowed,
+		DrainTimeout:  drainTimeout(cfg.Drain),
 		ApprovalURL:   apiURL(cfg.APIListen),
 	})
 	if err != nil {
@@ -436,6 +440,15 @@ func (d *daemon) close() {
 	if d.h != nil {
 		d.h.Close()
 	}
+}
+
+// drainTimeout is the proxy's DrainTimeout for the config's drain_seconds,
+// where 0 means none rather than the default.
+func drainTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func apiURL(listen string) string {

@@ -16,10 +16,12 @@ import (
 	"path/filepath"
 	"syscall"
 
+	sdjournal "github.com/coreos/go-systemd/v22/journal"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
 	"github.com/airlockhq/airlock/internal/config"
+	"github.com/airlockhq/airlock/internal/logging"
 	"github.com/airlockhq/airlock/netns"
 	"github.com/airlockhq/airlock/tproxy"
 )
@@ -51,7 +53,10 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "airlockd: --log-level %q: want debug, info, warn or error\n", *level)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	// Under systemd, stderr is the journal's stream: it wants priority
+	// prefixes and stamps the time itself.
+	journal, _ := sdjournal.StderrIsJournalStream()
+	log := slog.New(logging.New(os.Stderr, lvl, journal))
 
 	explicit := false
 	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "config" })
