@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -425,13 +426,15 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
-// StartDaemon runs airlockd with the config file cfg in the host namespace
-// and waits until it says it is ready.
-func (w *World) StartDaemon(cfg string) *Daemon {
+// StartDaemon runs airlockd with the config file cfg in the host namespace,
+// with env ("KEY=value") added to the environment, and waits until it says
+// it is ready.
+func (w *World) StartDaemon(cfg string, env ...string) *Daemon {
 	w.t.Helper()
 	bin := Binaries(w.t)
 	d := &Daemon{w: w, Log: &SyncBuffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+	d.cmd.Env = append(os.Environ(), env...)
 	d.cmd.Stdout, d.cmd.Stderr = d.Log, d.Log
 	if err := d.cmd.Start(); err != nil {
 		w.t.Fatalf("start airlockd: %v", err)
@@ -477,13 +480,34 @@ func (d *Daemon) Kill() {
 	<-d.done
 }
 
-// Stop sends SIGTERM and waits.
+// Stop sends SIGTERM, as systemd does, and waits.
 func (d *Daemon) Stop() {
-	d.cmd.Process.Signal(os.Interrupt)
+	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-d.done:
 	case <-time.After(10 * time.Second):
-		d.w.t.Fatal("airlockd did not stop within 10 s of SIGINT")
+		d.w.t.Fatal("airlockd did not stop within 10 s of SIGTERM")
+	}
+}
+
+// Signal sends sig to airlockd (`ip netns exec` execs it, so the process
+// started is airlockd itself).
+func (d *Daemon) Signal(sig os.Signal) {
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		d.w.t.Errorf("signal airlockd: %v", err)
+	}
+}
+
+// Pid is airlockd's process ID.
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
+// Exited reports whether airlockd has exited.
+func (d *Daemon) Exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
 	}
 }
 
