@@ -427,6 +427,25 @@ func TestServiceReload(t *testing.T) {
 		t.Errorf("rules after svb was removed:\n%s", out)
 	}
 
+	// sva's policy file moves: to a broken one, which leaves sva as it
+	// runs, then to a good one, which restarts sva on its bridge.
+	polC := filepath.Join(w.Dir, "c.yaml")
+	write(t, polC, "sandbox:\n  unknown_action: nonsense\n")
+	writeSvcConfig(t, w, cfg, noPoll, svcSandbox{"sva", "10.88.0.0/24", polC})
+	if out, code := cli("reload"); code != 1 || !strings.Contains(out, "left as it runs") || !strings.Contains(out, "c.yaml:2") {
+		t.Errorf("airlock reload onto a broken policy file: %d %s", code, out)
+	}
+	if got := curlBody(w, cfg, "sva", "http://other.test/"); got != "internet" {
+		t.Errorf("sva after a move onto a broken policy file: other.test %q", got)
+	}
+	write(t, polC, policyAllowed)
+	if out, code := cli("reload"); code != 0 || !regexp.MustCompile(`restarted: +sva`).MatchString(out) {
+		t.Errorf("airlock reload onto a new policy file: %d %s", code, out)
+	}
+	if got := curlBody(w, cfg, "sva", "http://allowed.test/"); got != "internet" {
+		t.Errorf("sva with its new policy file: allowed.test %q", got)
+	}
+
 	// A config that does not parse changes nothing.
 	good, _ := os.ReadFile(cfg)
 	write(t, cfg, "sandboxes: [\n")
@@ -434,8 +453,8 @@ func TestServiceReload(t *testing.T) {
 		t.Errorf("airlock reload with a broken config: %d %s", code, out)
 	}
 	write(t, cfg, string(good)) // for airlock run, not for airlockd
-	if got := curlBody(w, cfg, "sva", "http://other.test/"); got != "internet" {
-		t.Errorf("after a broken config, sva → other.test: %q", got)
+	if got := curlBody(w, cfg, "sva", "http://allowed.test/"); got != "internet" {
+		t.Errorf("after a broken config, sva → allowed.test: %q", got)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/config"
+	"github.com/airlockhq/airlock/policy"
 	"github.com/airlockhq/airlock/ui"
 )
 
@@ -72,7 +73,29 @@ func (d *daemon) reload() (ui.ReloadResult, error) {
 			i++
 			continue
 		case keep:
+			// A new policy file that does not parse leaves the sandbox as it
+			// runs; the next reload tries again.
+			if _, err := policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy}); err != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s left as it runs: %v", sb.Name, err))
+				i++
+				continue
+			}
 			res.Changed = append(res.Changed, s.cfg.Name)
+			if sb.Subnet == s.cfg.Subnet {
+				// Same network: restart its services on the bridge that
+				// stays, so members keep their place on it.
+				s.stop(d.log)
+				ns, err := d.startSandboxLocked(sb, false)
+				if err == nil {
+					d.sandboxes[i] = ns
+					i++
+					continue
+				}
+				res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s: %v", sb.Name, err))
+				res.Changed = slices.DeleteFunc(res.Changed, func(n string) bool { return n == sb.Name })
+				res.Removed = append(res.Removed, sb.Name)
+				break // and down it goes
+			}
 			start = append(start, sb)
 		default:
 			res.Removed = append(res.Removed, s.cfg.Name)
@@ -84,6 +107,9 @@ func (d *daemon) reload() (ui.ReloadResult, error) {
 		}
 	}
 	for _, s := range d.sandboxes {
+		if slices.Contains(res.Changed, s.cfg.Name) {
+			continue // just started with its new policy file
+		}
 		s.policyFP = fingerprintOf(s.cfg.Policy)
 		if err := s.policy.Reload(); err != nil {
 			res.Errors = append(res.Errors, err.Error())
