@@ -27,6 +27,10 @@ import (
 //	dial ADDR          print "dial ok" or "dial failed: …"
 //	listen ADDR SECS   serve "member" over TCP for SECS seconds, printing
 //	                   "accepted from …" per connection
+//	hold ADDR MS       connect to a server that speaks first, read its banner,
+//	                   wait MS ms, send "ping" and print "echo ok" if it
+//	                   comes back, then print "closed" when the server or
+//	                   the proxy ends the connection
 //	dns SERVER NAME    one A query over UDP (2 s); print the addresses, or
 //	                   "dns failed: …" (a stand-in for dig +short)
 func TestMemberHelper(t *testing.T) {
@@ -166,6 +170,29 @@ func TestMemberHelper(t *testing.T) {
 		c.Write(junk)
 		n, err := io.Copy(io.Discard, c)
 		fmt.Printf("closed after reading %d bytes: %v\n", n, err)
+	case "hold":
+		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
+		if err != nil {
+			fmt.Println("refused:", err)
+			break
+		}
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		r := bufio.NewReader(c)
+		if _, err := r.ReadString('\n'); err != nil {
+			fmt.Println("no banner:", err)
+			break
+		}
+		ms, _ := strconv.Atoi(args[2])
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+		fmt.Fprintf(c, "ping\n")
+		if line, err := r.ReadString('\n'); err == nil && line == "ping\n" {
+			fmt.Println("echo ok")
+		} else {
+			fmt.Printf("echo failed: %q %v\n", line, err)
+		}
+		io.Copy(io.Discard, r)
+		fmt.Println("closed")
+		c.Close()
 	case "dns":
 		m := new(dns.Msg)
 		m.SetQuestion(dns.Fqdn(args[2]), dns.TypeA)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -621,5 +622,44 @@ func TestServiceJournalLog(t *testing.T) {
 	}
 	if strings.Contains(log, "host=allowed.test") {
 		t.Errorf("allowed traffic is logged by default:\n%s", log)
+	}
+}
+
+// TestServiceStopDrains stops airlockd while a member holds a connection
+// open: the connection keeps working for drain_seconds, then is closed,
+// and the stop takes about that long.
+func TestServiceStopDrains(t *testing.T) {
+	w := testworld.New(t)
+	pol := filepath.Join(w.Dir, "a.yaml")
+	write(t, pol, "sandbox:\n  unknown_action: deny\n  network_allowlist:\n    user:\n      - pattern: ssh.test:22\n")
+	cfg := filepath.Join(w.Dir, "airlockd.yaml")
+	writeSvcConfig(t, w, cfg, "drain_seconds: 2", svcSandbox{"sva", "10.88.0.0/24", pol})
+	d := w.StartDaemon(cfg)
+	wait := w.Start(cfg, "sva", "agent", 30*time.Second, os.Args[0], "-test.run=^TestMemberHelper$", "--", "hold", "ssh.test:22", "1000")
+	// The connection is open once the proxy counts it.
+	open := `airlock_open_connections{sandbox="sva"} 1`
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := w.HostClient().Get("http://127.0.0.1:7433/metrics")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(b), open) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the member's connection never opened:\n%s", d.Log.String())
+		}
+	}
+	t0 := time.Now()
+	d.Stop()
+	took := time.Since(t0)
+	t.Logf("stop took %v", took)
+	r := wait()
+	if !strings.Contains(r.Stdout, "echo ok") || !strings.Contains(r.Stdout, "closed") {
+		t.Errorf("the held connection during the drain: %q %q", r.Stdout, r.Stderr)
+	}
+	if took < 1500*time.Millisecond || took > 4500*time.Millisecond {
+		t.Errorf("stop took %v with a connection open; want about drain_seconds (2 s)", took)
 	}
 }
