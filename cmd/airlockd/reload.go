@@ -202,19 +202,27 @@ func (d *daemon) watchPolicies(interval time.Duration, stop <-chan struct{}) {
 		case <-t.C:
 		}
 		d.mu.Lock()
-		for _, s := range d.sandboxes {
+		running := slices.Clone(d.sandboxes)
+		d.mu.Unlock()
+		// Files are read without the lock: a slow disk must not hold up
+		// the API or a reload.
+		for _, s := range running {
 			fp := fingerprintOf(s.cfg.Policy)
-			if fp == s.policyFP {
+			d.mu.Lock()
+			changed := fp != s.policyFP && slices.Contains(d.sandboxes, s)
+			if changed {
+				s.policyFP = fp
+			}
+			d.mu.Unlock()
+			if !changed {
 				continue
 			}
-			s.policyFP = fp
 			if err := s.policy.Reload(); err != nil {
 				d.log.Error("policy file changed but refused; the last good policy stays in force", "sandbox", s.cfg.Name, "err", err)
 				continue
 			}
 			d.log.Info("policy file changed; reloaded", "sandbox", s.cfg.Name, "policy", s.cfg.Policy, "rules", len(s.policy.Rules()))
 		}
-		d.mu.Unlock()
 	}
 }
 
