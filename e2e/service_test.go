@@ -236,13 +236,13 @@ func listenNotify(t *testing.T, path string, onReady func()) *notifyListener {
 				return
 			}
 			msg := string(buf[:k])
+			n.mu.Lock()
+			n.msgs = append(n.msgs, msg)
+			n.mu.Unlock()
 			if !ready && strings.Contains(msg, "READY=1") {
 				ready = true
 				onReady()
 			}
-			n.mu.Lock()
-			n.msgs = append(n.msgs, msg)
-			n.mu.Unlock()
 		}
 	}()
 	return n
