@@ -566,47 +566,13 @@ func TestServiceStopFailsClosed(t *testing.T) {
 
 // TestServiceJournalLog runs airlockd with stderr as its JOURNAL_STREAM, as
 // systemd does: lines carry a priority prefix and no time, and a denied
-// connection is one info line while allowed ones stay quiet.
+// connection is one info line while allowed ones stay quiet, unless
+// log_allowed is set.
 func TestServiceJournalLog(t *testing.T) {
 	w := testworld.New(t)
-	bin := testworld.Binaries(t)
 	pol := filepath.Join(w.Dir, "a.yaml")
 	write(t, pol, policyAllowed)
-	cfg := filepath.Join(w.Dir, "airlockd.yaml")
-	writeSvcConfig(t, w, cfg, "", svcSandbox{"sva", "10.88.0.0/24", pol})
-	logPath := filepath.Join(w.Dir, "journal.log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("JOURNAL_STREAM=%d:%d", st.Dev, st.Ino))
-	cmd.Stderr = f
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	read := func() string { b, _ := os.ReadFile(logPath); return string(b) }
-	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(read(), "airlockd ready"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("airlockd not ready:\n%s", read())
-		}
-	}
-	curlBody(w, cfg, "sva", "http://allowed.test/")
-	curlBody(w, cfg, "sva", "http://other.test/")
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(read(), "host=other.test"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			break
-		}
-	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	cmd.Wait()
-	log := read()
+	log := journalRun(t, w, "", pol)
 	sc := bufio.NewScanner(strings.NewReader(log))
 	prefix := regexp.MustCompile(`^<[3467]>[^ <]`)
 	for sc.Scan() {
@@ -623,6 +589,54 @@ func TestServiceJournalLog(t *testing.T) {
 	if strings.Contains(log, "host=allowed.test") {
 		t.Errorf("allowed traffic is logged by default:\n%s", log)
 	}
+
+	log = journalRun(t, w, "log_allowed: true", pol)
+	if c := len(regexp.MustCompile(`(?m)^<6>connection .*host=allowed.test .*verdict=allow`).FindAllString(log, -1)); c != 1 {
+		t.Errorf("log_allowed: %d info lines for the allowed connection, want 1:\n%s", c, log)
+	}
+}
+
+// journalRun starts airlockd (config with extra keys, one sandbox sva with
+// policy pol) with stderr in a file named by JOURNAL_STREAM, fetches
+// allowed.test and other.test from a member, stops it and returns its log.
+func journalRun(t *testing.T, w *testworld.World, extra, pol string) string {
+	t.Helper()
+	bin := testworld.Binaries(t)
+	cfg := filepath.Join(w.Dir, "airlockd.yaml")
+	writeSvcConfig(t, w, cfg, extra, svcSandbox{"sva", "10.88.0.0/24", pol})
+	f, err := os.CreateTemp(w.Dir, "journal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("JOURNAL_STREAM=%d:%d", st.Dev, st.Ino))
+	cmd.Stderr = f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	read := func() string { b, _ := os.ReadFile(f.Name()); return string(b) }
+	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(read(), "airlockd ready"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("airlockd not ready:\n%s", read())
+		}
+	}
+	if got := curlBody(w, cfg, "sva", "http://allowed.test/"); got != "internet" {
+		t.Errorf("allowed.test: %q", got)
+	}
+	curlBody(w, cfg, "sva", "http://other.test/")
+	// The record of a connection is written just after the client is done.
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(read(), "host=other.test") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	return read()
 }
 
 // TestServiceStopDrains stops airlockd while a member holds a connection
