@@ -316,7 +316,7 @@ func TestServiceNotify(t *testing.T) {
 	if len(msgs) == 0 || !strings.Contains(msgs[0], "STATUS=starting") {
 		t.Errorf("the first message is not a starting status: %q", msgs)
 	}
-	if !strings.Contains(strings.Join(msgs, "\n"), "STATUS=1 sandboxes (sva)") {
+	if !strings.Contains(strings.Join(msgs, "\n"), "STATUS=sandboxes: sva; API http://127.0.0.1:7433/") {
 		t.Errorf("no status naming the sandboxes: %q", msgs)
 	}
 	if c := n.count("READY=1"); c != 1 {

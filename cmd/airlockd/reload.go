@@ -234,7 +234,10 @@ func (d *daemon) status() string {
 	for i, s := range d.sandboxes {
 		names[i] = s.cfg.Name
 	}
-	return fmt.Sprintf("%d sandboxes (%s); API %s", len(names), strings.Join(names, ", "), apiURL(d.cfg.APIListen))
+	if len(names) == 0 {
+		names = []string{"none"}
+	}
+	return fmt.Sprintf("sandboxes: %s; API %s", strings.Join(names, ", "), apiURL(d.cfg.APIListen))
 }
 
 // watchdog tells systemd the daemon is alive every interval, until stop is
