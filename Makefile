@@ -9,7 +9,13 @@ FUZZTIME ?= 10000x
 # (golang/go#75804, fixed in Go 1.27). Long runs on demand: make fuzz FUZZTIME=10m
 GOFLAGS  ?=
 
-.PHONY: all build test test-unit fuzz bench lint run clean
+.PHONY: all build test test-unit fuzz bench lint run clean install uninstall
+
+# Install as a systemd service (as root); DESTDIR stages into another root.
+DESTDIR ?=
+PREFIX  ?= /usr/local
+UNITDIR ?= /etc/systemd/system
+PURGE   ?=
 
 all: build
 
@@ -41,6 +47,16 @@ lint:
 
 run: build
 	@scripts/run.sh
+
+# Binaries to PREFIX/bin, the unit, /etc/airlock/airlockd.yaml (never
+# overwritten), /var/lib/airlock (0700). Then: systemctl enable --now airlockd
+install: build
+	@DESTDIR="$(DESTDIR)" PREFIX="$(PREFIX)" UNITDIR="$(UNITDIR)" BIN="$(BIN)" scripts/install.sh install
+
+# Binaries and unit; PURGE=1 also tears the sandboxes down and removes the
+# config and the state directory.
+uninstall:
+	@DESTDIR="$(DESTDIR)" PREFIX="$(PREFIX)" UNITDIR="$(UNITDIR)" PURGE="$(PURGE)" scripts/install.sh uninstall
 
 clean:
 	rm -rf $(BIN)

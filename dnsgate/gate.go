@@ -75,6 +75,9 @@ type Config struct {
 	OnEvent func(Event)
 	// Logger receives one line per decision; nil means slog.Default().
 	Logger *slog.Logger
+	// LogAllowed logs answered queries at info; false logs them at debug,
+	// so that only refusals show by default.
+	LogAllowed bool
 	// TTL of fake-IP answers in seconds; 0 means DefaultTTL.
 	TTL uint32
 	// UpstreamTimeout bounds one forwarded query; 0 means 5 s.
@@ -390,6 +393,10 @@ func (g *Gate) emit(ev Event) {
 	switch ev.Verdict {
 	case VerdictDenied, VerdictRefused, VerdictTripped, VerdictError:
 		level = slog.LevelInfo
+	default:
+		if g.cfg.LogAllowed {
+			level = slog.LevelInfo
+		}
 	}
 	g.log.Log(context.Background(), level, "dns",
 		"source", ev.Source, "host", ev.Name, "type", ev.Type, "verdict", ev.Verdict, "rule", ev.Rule, "reason", ev.Reason)

@@ -419,3 +419,25 @@ func (refusingUpstream) Exchange(_ context.Context, m *dns.Msg) (*dns.Msg, error
 	}
 	return nil, errors.New("no upstream in fuzzing")
 }
+
+func TestGateLogAllowed(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		logAllowed bool
+		verdict    string
+		want       string
+	}{
+		{"answered, quiet", false, VerdictFake, ""},
+		{"answered, log_allowed", true, VerdictFake, "level=INFO msg=dns"},
+		{"refused, quiet", false, VerdictRefused, "level=INFO msg=dns"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			g := &Gate{cfg: Config{LogAllowed: tt.logAllowed}, log: slog.New(slog.NewTextHandler(&b, nil))}
+			g.emit(Event{Name: "allowed.test", Type: "A", Verdict: tt.verdict})
+			if got := b.String(); (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
+				t.Errorf("log %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

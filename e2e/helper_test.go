@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // TestMemberHelper is not a test: the e2e tests run the test binary inside a
@@ -25,6 +27,12 @@ import (
 //	dial ADDR          print "dial ok" or "dial failed: …"
 //	listen ADDR SECS   serve "member" over TCP for SECS seconds, printing
 //	                   "accepted from …" per connection
+//	hold ADDR MS       connect to a server that speaks first, read its banner,
+//	                   wait MS ms, send "ping" and print "echo ok" if it
+//	                   comes back, then print "closed" when the server or
+//	                   the proxy ends the connection
+//	dns SERVER NAME    one A query over UDP (2 s); print the addresses, or
+//	                   "dns failed: …" (a stand-in for dig +short)
 func TestMemberHelper(t *testing.T) {
 	args := helperArgs()
 	if args == nil {
@@ -162,6 +170,42 @@ func TestMemberHelper(t *testing.T) {
 		c.Write(junk)
 		n, err := io.Copy(io.Discard, c)
 		fmt.Printf("closed after reading %d bytes: %v\n", n, err)
+	case "hold":
+		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
+		if err != nil {
+			fmt.Println("refused:", err)
+			break
+		}
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		r := bufio.NewReader(c)
+		if _, err := r.ReadString('\n'); err != nil {
+			fmt.Println("no banner:", err)
+			break
+		}
+		ms, _ := strconv.Atoi(args[2])
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+		fmt.Fprintf(c, "ping\n")
+		if line, err := r.ReadString('\n'); err == nil && line == "ping\n" {
+			fmt.Println("echo ok")
+		} else {
+			fmt.Printf("echo failed: %q %v\n", line, err)
+		}
+		io.Copy(io.Discard, r)
+		fmt.Println("closed")
+		c.Close()
+	case "dns":
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(args[2]), dns.TypeA)
+		r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, args[1])
+		if err != nil {
+			fmt.Println("dns failed:", err)
+			break
+		}
+		for _, rr := range r.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				fmt.Println(a.A)
+			}
+		}
 	case "storm":
 		// Malformed and random datagrams to each address given.
 		r := rand.New(rand.NewPCG(9, 9))

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -354,11 +353,7 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 }
 
 func (p *Proxy) finishRequest(r RequestRecord) {
-	level := slog.LevelInfo
-	if r.Verdict == "allow" {
-		level = slog.LevelDebug
-	}
-	p.log.Log(context.Background(), level, "request", "source", r.Source, "host", r.Host, "method", r.Method, "url", r.URL,
+	p.log.Log(context.Background(), p.level(r.Verdict), "request", "source", r.Source, "host", r.Host, "method", r.Method, "url", r.URL,
 		"status", r.Status, "verdict", r.Verdict, "rule", r.Rule, "reason", r.Reason,
 		"req_bytes", r.ReqBytes, "res_bytes", r.ResBytes, "ttfb", r.TTFB.Round(time.Microsecond),
 		"duration", r.Duration.Round(time.Microsecond))

@@ -68,6 +68,9 @@ type Config struct {
 	OnRecord func(Record)
 	// Logger gets one line per connection; nil means slog.Default().
 	Logger *slog.Logger
+	// LogAllowed logs allowed connections and requests at info; false
+	// logs them at debug, so that only refusals show by default.
+	LogAllowed bool
 	// ApprovalURL is where a person approves, shown in 403 pages.
 	ApprovalURL string
 	// PeekTimeout bounds the wait for the bytes that name a connection to
@@ -83,7 +86,7 @@ type Config struct {
 	// this long. Default 10 minutes.
 	IdleTimeout time.Duration
 	// DrainTimeout is how long Close lets open connections finish. Default
-	// 5 s.
+	// 5 s; negative means none: Close closes them at once.
 	DrainTimeout time.Duration
 	// OrigDst finds a connection's original destination; nil means
 	// OriginalDst (SO_ORIGINAL_DST). Tests replace it.
@@ -705,17 +708,21 @@ func (p *Proxy) reset(c *conn, reason string) {
 }
 
 func (p *Proxy) finish(r Record) {
-	level := slog.LevelInfo
-	if r.Verdict == "allow" {
-		level = slog.LevelDebug
-	}
-	p.log.Log(context.Background(), level, "connection",
+	p.log.Log(context.Background(), p.level(r.Verdict), "connection",
 		"source", r.Source, "host", r.Host, "port", r.Port, "verdict", r.Verdict, "rule", r.Rule,
 		"reason", r.Reason, "dest", r.Dest, "upstream", r.Upstream, "up", r.Up, "down", r.Down,
 		"duration", r.Duration.Round(time.Millisecond), "close", r.Close)
 	if p.cfg.OnRecord != nil {
 		p.cfg.OnRecord(r)
 	}
+}
+
+// level is the level of a decision's log line.
+func (p *Proxy) level(verdict string) slog.Level {
+	if verdict == "allow" && !p.cfg.LogAllowed {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }
 
 // janitor closes spliced connections idle in both directions for longer

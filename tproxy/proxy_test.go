@@ -463,3 +463,21 @@ func TestProxyIdleTimeoutAndDrain(t *testing.T) {
 		t.Errorf("Close took %v", d)
 	}
 }
+
+func TestProxyLogAllowed(t *testing.T) {
+	for _, tt := range []struct {
+		logAllowed bool
+		verdict    string
+		want       slog.Level
+	}{
+		{false, "allow", slog.LevelDebug},
+		{true, "allow", slog.LevelInfo},
+		{false, "deny", slog.LevelInfo},
+		{true, "deny", slog.LevelInfo},
+	} {
+		p := &Proxy{cfg: Config{LogAllowed: tt.logAllowed}}
+		if got := p.level(tt.verdict); got != tt.want {
+			t.Errorf("LogAllowed %v, verdict %s: level %v, want %v", tt.logAllowed, tt.verdict, got, tt.want)
+		}
+	}
+}

@@ -489,8 +489,18 @@ func TestUnixSocketAndClient(t *testing.T) {
 }
 
 type fakeManager struct {
-	h       *apiHarness
-	created []string
+	h         *apiHarness
+	created   []string
+	reloads   int
+	reloadErr error
+}
+
+func (m *fakeManager) Reload() (ReloadResult, error) {
+	if m.reloadErr != nil {
+		return ReloadResult{}, m.reloadErr
+	}
+	m.reloads++
+	return ReloadResult{Added: []string{"new"}, Errors: []string{"/p/app.yaml:3: sandbox.unknown_action: want ask, deny or allow"}}, nil
 }
 
 func (m *fakeManager) CreateSandbox(name, pol, subnet string) (Sandbox, error) {
@@ -528,6 +538,49 @@ func TestSandboxCreateDelete(t *testing.T) {
 	}
 	if code, _ := h.do(t, "DELETE", "/api/v1/sandboxes/nosuch", ""); code != 404 {
 		t.Errorf("delete missing sandbox: %d", code)
+	}
+}
+
+func TestReload(t *testing.T) {
+	h := newAPI(t, "")
+	m := &fakeManager{h: h}
+	h.srv.cfg.Manager = m
+	h.srv.e = h.srv.routes()
+	h.ts.Config.Handler = h.srv.e
+	code, body := h.do(t, "POST", "/api/v1/reload", "")
+	if code != 200 || m.reloads != 1 {
+		t.Fatalf("reload: %d %s (%d reloads)", code, body, m.reloads)
+	}
+	var got ReloadResult
+	if err := json.Unmarshal([]byte(body), &got); err != nil || len(got.Added) != 1 || got.Added[0] != "new" || !strings.Contains(got.Errors[0], "app.yaml:3") {
+		t.Errorf("reload result %s: %+v %v", body, got, err)
+	}
+	// The token is required, and a session cookie needs the CSRF header.
+	resp, err := http.Post(h.ts.URL+"/api/v1/reload", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 || m.reloads != 1 {
+		t.Errorf("reload without a token: %d (%d reloads)", resp.StatusCode, m.reloads)
+	}
+	resp, err = http.Post(h.ts.URL+"/api/v1/login", "application/json", strings.NewReader(`{"token":"`+h.srv.Token()+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	req, _ := http.NewRequest("POST", h.ts.URL+"/api/v1/reload", nil)
+	req.AddCookie(resp.Cookies()[0])
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 403 || m.reloads != 1 {
+		t.Errorf("reload with a cookie and no CSRF header: %d (%d reloads)", resp.StatusCode, m.reloads)
+	}
+	m.reloadErr = &ManagerError{Msg: "config /etc/airlock/airlockd.yaml: yaml: line 4: did not find expected key", Hint: "the running config stays in force"}
+	if code, body := h.do(t, "POST", "/api/v1/reload", ""); code != 400 || !strings.Contains(body, "line 4") || !strings.Contains(body, "stays in force") {
+		t.Errorf("broken config: %d %s", code, body)
 	}
 }
 

@@ -108,6 +108,14 @@ func (s *Server) deleteSandbox(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]string{"deleted": c.Param("sb")})
 }
 
+func (s *Server) reload(c echo.Context) error {
+	res, err := s.cfg.Manager.Reload()
+	if err != nil {
+		return managerError(err)
+	}
+	return c.JSON(http.StatusOK, res)
+}
+
 func (s *Server) getSandbox(c echo.Context) error {
 	return c.JSON(http.StatusOK, viewSandbox(sandboxOf(c)))
 }

@@ -45,6 +45,25 @@ type Manager interface {
 	CreateSandbox(name, policy, subnet string) (Sandbox, error)
 	// DeleteSandbox stops a sandbox and removes its network.
 	DeleteSandbox(name string) error
+	// Reload re-reads the config file and every policy file, and brings
+	// sandboxes up or down to match. A config file that does not parse is
+	// a *ManagerError and changes nothing; a policy file that does not
+	// parse keeps its sandbox's last good policy and is listed in Errors.
+	Reload() (ReloadResult, error)
+}
+
+// ReloadResult says what a reload did, by sandbox name.
+type ReloadResult struct {
+	Added    []string `json:"added"`
+	Removed  []string `json:"removed"`
+	Changed  []string `json:"changed"`  // subnet or policy path changed: restarted
+	Reloaded []string `json:"reloaded"` // unchanged sandboxes whose policy file was re-read
+	// Errors are the problems that left something as it was, each naming
+	// its file and line where it has one.
+	Errors []string `json:"errors"`
+	// Restart lists config keys that changed but take effect only when
+	// airlockd restarts.
+	Restart []string `json:"restart"`
 }
 
 // ManagerError is a Manager's refusal of a request.
@@ -263,6 +282,7 @@ func (s *Server) routes() *echo.Echo {
 	if s.cfg.Manager != nil {
 		api.POST("/sandboxes", s.createSandbox)
 		api.DELETE("/sandboxes/:sb", s.deleteSandbox)
+		api.POST("/reload", s.reload)
 	}
 	sb := api.Group("/sandboxes/:sb", s.withSandbox)
 	sb.GET("", s.getSandbox)

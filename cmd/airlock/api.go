@@ -144,6 +144,7 @@ func apiCommands() map[string]apiCommand {
 		"har": {name: "har", usage: "har SANDBOX [-o FILE]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&flagOut, "o", "", "write to FILE (default stdout)")
 		}, run: cmdHAR},
+		"reload": {name: "reload", usage: "reload", run: cmdReload},
 		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			var pem []byte
 			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {
@@ -450,6 +451,36 @@ func cmdLog(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			show(e)
 		}
 	})
+}
+
+// cmdReload asks airlockd to re-read its config and policy files, prints
+// what changed, and fails when something was refused.
+func cmdReload(ctx context.Context, c *ui.Client, cm *common, _ []string) error {
+	var res ui.ReloadResult
+	if err := c.Do(ctx, "POST", "/reload", nil, &res); err != nil {
+		return err
+	}
+	if cm.json {
+		if err := printJSON(res); err != nil {
+			return err
+		}
+	} else {
+		for _, l := range []struct {
+			what  string
+			names []string
+		}{{"added", res.Added}, {"removed", res.Removed}, {"restarted", res.Changed}, {"policy re-read", res.Reloaded}} {
+			if len(l.names) > 0 {
+				fmt.Printf("%-15s %s\n", l.what+":", strings.Join(l.names, " "))
+			}
+		}
+		if len(res.Restart) > 0 {
+			fmt.Printf("%-15s %s (restart airlockd to apply)\n", "not applied:", strings.Join(res.Restart, " "))
+		}
+	}
+	if len(res.Errors) > 0 {
+		return fmt.Errorf("refused, the last good state stays in force:\n  %s", strings.Join(res.Errors, "\n  "))
+	}
+	return nil
 }
 
 func cmdHAR(ctx context.Context, c *ui.Client, cm *common, a []string) error {

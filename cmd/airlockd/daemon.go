@@ -32,7 +32,13 @@ import (
 
 // daemon is a running airlockd: the shared pieces, and the sandboxes.
 type daemon struct {
-	ctx      context.Context
+	ctx context.Context
+	// cfgPath and cfgExplicit say where a reload reads the config from;
+	// without an explicit --config, a missing file means the built-in one.
+	cfgPath     string
+	cfgExplicit bool
+	// notify tells systemd about the daemon's state (sd_notify).
+	notify   func(state string)
 	cfg      *config.Config
 	log      *slog.Logger
 	h        *netlink.Handle
@@ -66,6 +72,8 @@ type sandbox struct {
 	proxy   *tproxy.Proxy
 	closers []func() error
 	gauges  []prometheus.Collector
+	// policyFP is the policy file as last read; d.mu guards it.
+	policyFP fingerprint
 }
 
 func (s *sandbox) Name() string            { return s.cfg.Name }
@@ -84,10 +92,20 @@ func (s *sandbox) stop(log *slog.Logger) {
 	s.closers = nil
 }
 
+// startOptions are what start needs besides the config itself.
+type startOptions struct {
+	configPath string // the --config path, read again on reload
+	explicit   bool   // --config was given: a missing file is an error
+	notify     func(state string)
+}
+
 // start brings up what every sandbox shares, then each configured and
 // API-made sandbox, then the API. On error, what started is stopped.
-func start(ctx context.Context, cfg *config.Config, log *slog.Logger) (*daemon, error) {
-	d := &daemon{ctx: ctx, cfg: cfg, log: log}
+func start(ctx context.Context, cfg *config.Config, log *slog.Logger, opt startOptions) (*daemon, error) {
+	if opt.notify == nil {
+		opt.notify = func(string) {}
+	}
+	d := &daemon{ctx: ctx, cfg: cfg, log: log, cfgPath: opt.configPath, cfgExplicit: opt.explicit, notify: opt.notify}
 	if err := d.init(); err != nil {
 		d.close()
 		return nil, err
@@ -144,6 +162,9 @@ func (d *daemon) init() error {
 	d.connectDocker()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := d.dropStaleBridgesLocked(wanted); err != nil {
+		return err
+	}
 	// Rules first, for every sandbox at once: a bridge is caged from the
 	// moment it exists.
 	if err := d.ensureRulesLocked(wanted); err != nil {
@@ -154,7 +175,7 @@ func (d *daemon) init() error {
 		if err != nil {
 			return err
 		}
-		d.addSandboxLocked(s)
+		d.registerLocked(s)
 	}
 	d.startDockerLocked()
 	uicfg := ui.Config{
@@ -177,6 +198,27 @@ func (d *daemon) init() error {
 	}
 	d.log.Info("airlockd ready", "config", cfg.Path, "upstream_dns", d.servers, "sandboxes", len(d.sandboxes),
 		"api", apiURL(cfg.APIListen), "token_file", filepath.Join(cfg.StateDir, "token"))
+	return nil
+}
+
+// dropStaleBridgesLocked removes the bridges of sandboxes that the rules
+// left by an earlier run name but that are wanted no more (taken out of the
+// config while airlockd was stopped): the new rules would not cage them.
+// A bridge that cannot be removed fails the start, and the old rules stay.
+func (d *daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
+	keep := map[string]bool{}
+	for _, sb := range wanted {
+		keep[netns.BridgeName(sb.Name)] = true
+	}
+	for _, b := range tproxy.TableBridges(d.conn) {
+		if keep[b] {
+			continue
+		}
+		if err := netns.DeleteBridge(d.h, b); err != nil {
+			return fmt.Errorf("remove bridge %s of a sandbox no longer configured (its rules stay until it is gone): %w", b, err)
+		}
+		d.log.Info("removed the bridge of a sandbox no longer configured", "bridge", b)
+	}
 	return nil
 }
 
@@ -216,6 +258,8 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	if err = s.net.Ensure(d.h); err != nil {
 		return nil, err
 	}
+	// Before the file is read: an edit in between is then seen as a change.
+	s.policyFP = fingerprintOf(sb.Policy)
 	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy}); err != nil {
 		return nil, err
 	}
@@ -257,16 +301,17 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		return nil, err
 	}
 	gate, err := dnsgate.New(dnsgate.Config{
-		Sandbox:  sb.Name,
-		Listen:   netip.AddrPortFrom(s.net.Gateway, 53),
-		Clients:  s.net.Subnet,
-		Policy:   s.policy,
-		Pool:     pool,
-		Upstream: d.upstream,
-		Guard:    guard,
-		Members:  members,
-		OnEvent:  func(e dnsgate.Event) { record(dnsEntry(e)) },
-		Logger:   log,
+		Sandbox:    sb.Name,
+		Listen:     netip.AddrPortFrom(s.net.Gateway, 53),
+		Clients:    s.net.Subnet,
+		Policy:     s.policy,
+		Pool:       pool,
+		Upstream:   d.upstream,
+		Guard:      guard,
+		Members:    members,
+		OnEvent:    func(e dnsgate.Event) { record(dnsEntry(e)) },
+		Logger:     log,
+		LogAllowed: cfg.LogAllowed,
 	})
 	if err != nil {
 		return nil, err
@@ -301,6 +346,8 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		UpstreamRoots: d.roots,
 		InspectAll:    s.policy.InspectAll,
 		Logger:        log,
+		LogAllowed:    cfg.LogAllowed,
+		DrainTimeout:  drainTimeout(cfg.Drain),
 		ApprovalURL:   apiURL(cfg.APIListen),
 	})
 	if err != nil {
@@ -347,19 +394,9 @@ func (d *daemon) CreateSandbox(name, policyPath, subnet string) (ui.Sandbox, err
 	if err != nil {
 		return nil, &ui.ManagerError{Msg: err.Error()}
 	}
-	all := append(probe.Sandboxes, sb)
-	if err := d.ensureRulesLocked(all); err != nil {
-		return nil, err
-	}
-	s, err := d.startSandboxLocked(sb, true)
+	s, err := d.addSandboxLocked(sb, true)
 	if err != nil {
-		netns.DeleteBridge(d.h, netns.BridgeName(name))
-		d.ensureRulesLocked(probe.Sandboxes)
 		return nil, err
-	}
-	d.addSandboxLocked(s)
-	if err := d.dockerSandboxLocked(s); err != nil {
-		d.log.Error("Docker network of sandbox", "sandbox", s.cfg.Name, "err", err)
 	}
 	if err := d.saveAPISandboxesLocked(); err != nil {
 		d.log.Warn("remember API-made sandboxes", "err", err)
@@ -367,9 +404,30 @@ func (d *daemon) CreateSandbox(name, policyPath, subnet string) (ui.Sandbox, err
 	return s, nil
 }
 
-// DeleteSandbox stops an API-made sandbox and tears its network down: the
-// bridge first, then its rules. Its policy file, CA and history stay in the
-// state directory. It implements ui.Manager.
+// addSandboxLocked brings sb up next to the running sandboxes: its rules
+// first, so its bridge is caged from the moment it exists, then the rest.
+// On error nothing of it is left.
+func (d *daemon) addSandboxLocked(sb config.Sandbox, fromAPI bool) (*sandbox, error) {
+	running := d.runningConfigsLocked()
+	if err := d.ensureRulesLocked(append(running, sb)); err != nil {
+		return nil, err
+	}
+	s, err := d.startSandboxLocked(sb, fromAPI)
+	if err != nil {
+		netns.DeleteBridge(d.h, netns.BridgeName(sb.Name))
+		d.ensureRulesLocked(running)
+		return nil, err
+	}
+	d.registerLocked(s)
+	if err := d.dockerSandboxLocked(s); err != nil {
+		d.log.Error("Docker network of sandbox", "sandbox", s.cfg.Name, "err", err)
+	}
+	return s, nil
+}
+
+// DeleteSandbox stops an API-made sandbox and tears its network down. Its
+// policy file, CA and history stay in the state directory. It implements
+// ui.Manager.
 func (d *daemon) DeleteSandbox(name string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -377,10 +435,21 @@ func (d *daemon) DeleteSandbox(name string) error {
 	if i < 0 {
 		return &ui.ManagerError{Msg: fmt.Sprintf("no sandbox %q", name), NotFound: true}
 	}
-	s := d.sandboxes[i]
-	if !s.fromAPI {
-		return &ui.ManagerError{Msg: fmt.Sprintf("sandbox %s is defined in %s", name, d.cfg.Path), Hint: "remove it there and restart airlockd, or run airlock teardown", Conflict: true}
+	if !d.sandboxes[i].fromAPI {
+		return &ui.ManagerError{Msg: fmt.Sprintf("sandbox %s is defined in %s", name, d.cfg.Path), Hint: "remove it there and run airlock reload, or run airlock teardown", Conflict: true}
 	}
+	if err := d.removeSandboxLocked(i); err != nil {
+		return err
+	}
+	return d.saveAPISandboxesLocked()
+}
+
+// removeSandboxLocked stops sandbox i and tears its network down: its
+// Docker containers and network, the bridge, then its rules, then its
+// leases. When the containers cannot be removed, the sandbox stays.
+func (d *daemon) removeSandboxLocked(i int) error {
+	s := d.sandboxes[i]
+	name := s.cfg.Name
 	if d.docker != nil {
 		ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
 		err := d.docker.RemoveSandbox(ctx, name)
@@ -398,8 +467,8 @@ func (d *daemon) DeleteSandbox(name string) error {
 	if err := d.ensureRulesLocked(d.runningConfigsLocked()); err != nil {
 		return err
 	}
-	os.RemoveAll(d.cfg.LeaseDir(name))
-	return d.saveAPISandboxesLocked()
+	os.RemoveAll(d.cfg.LeaseDir(s.cfg.Name))
+	return nil
 }
 
 type savedSandbox struct {
@@ -448,7 +517,8 @@ func (d *daemon) saveAPISandboxesLocked() error {
 	return os.Rename(tmp, d.apiSandboxesFile())
 }
 
-func (d *daemon) addSandboxLocked(s *sandbox) {
+// registerLocked adds a started sandbox to the running ones.
+func (d *daemon) registerLocked(s *sandbox) {
 	d.sandboxes = append(d.sandboxes, s)
 	d.byName.Store(s.cfg.Name, s)
 }
@@ -463,16 +533,19 @@ func (d *daemon) uiSandboxes() []ui.Sandbox {
 	return out
 }
 
-// close stops the API and every sandbox; the rules and bridges stay, so
-// sandboxes remain closed.
+// close stops the API and every sandbox, each proxy letting its open
+// connections finish for drain_seconds, all sandboxes at once; the rules
+// and bridges stay, so sandboxes remain closed.
 func (d *daemon) close() {
 	if d.api != nil {
 		d.api.Close()
 	}
 	d.mu.Lock()
+	var wg sync.WaitGroup
 	for _, s := range d.sandboxes {
-		s.stop(d.log)
+		wg.Go(func() { s.stop(d.log) })
 	}
+	wg.Wait()
 	d.mu.Unlock()
 	if d.docker != nil {
 		d.docker.Close()
@@ -480,6 +553,15 @@ func (d *daemon) close() {
 	if d.h != nil {
 		d.h.Close()
 	}
+}
+
+// drainTimeout is the proxy's DrainTimeout for the config's drain_seconds,
+// where 0 means none rather than the default.
+func drainTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func apiURL(listen string) string {

@@ -14,12 +14,16 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+	sdjournal "github.com/coreos/go-systemd/v22/journal"
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 
 	"github.com/airlockhq/airlock/internal/config"
+	"github.com/airlockhq/airlock/internal/logging"
 	"github.com/airlockhq/airlock/netns"
 	"github.com/airlockhq/airlock/tproxy"
 )
@@ -51,7 +55,10 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "airlockd: --log-level %q: want debug, info, warn or error\n", *level)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	// Under systemd, stderr is the journal's stream: it wants priority
+	// prefixes and stamps the time itself.
+	journal, _ := sdjournal.StderrIsJournalStream()
+	log := slog.New(logging.New(os.Stderr, lvl, journal))
 
 	explicit := false
 	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "config" })
@@ -75,8 +82,19 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	d, err := start(ctx, cfg, log)
+	// SIGHUP reloads; caught from here on, so one that comes while
+	// starting waits instead of killing the daemon.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	notify := func(state string) {
+		if _, err := sddaemon.SdNotify(false, state); err != nil {
+			log.Warn("sd_notify", "err", err)
+		}
+	}
+	notify("STATUS=starting: rules, sandboxes, API")
+	d, err := start(ctx, cfg, log, startOptions{configPath: *cfgPath, explicit: explicit, notify: notify})
 	if err != nil {
+		notify("STATUS=failed to start: " + err.Error())
 		fmt.Fprintf(os.Stderr, "airlockd: %v\n", err)
 		return 1
 	}
@@ -84,8 +102,28 @@ func run() int {
 		fmt.Printf("\nairlock API: %s\ntoken:       %s\ntry:         curl -H \"Authorization: Bearer %s\" %sapi/v1/sandboxes\n\n",
 			apiURL(cfg.APIListen), d.api.Token(), d.api.Token(), apiURL(cfg.APIListen))
 	}
-	<-ctx.Done()
-	log.Info("stopping; the rules stay, so sandboxes are closed until airlockd is back")
+	quit := make(chan struct{})
+	var bg sync.WaitGroup
+	bg.Go(func() { d.watchPolicies(cfg.PolicyPoll, quit) })
+	if every, err := sddaemon.SdWatchdogEnabled(false); err != nil {
+		log.Warn("systemd watchdog", "err", err)
+	} else if every > 0 {
+		bg.Go(func() { d.watchdog(every/2, quit) })
+	}
+	// Rules, gates, proxies and the API are all up.
+	notify("READY=1\nSTATUS=" + d.status())
+	for running := true; running; {
+		select {
+		case <-ctx.Done():
+			running = false
+		case <-hup:
+			d.Reload()
+		}
+	}
+	log.Info("stopping; the rules stay, so sandboxes are closed until airlockd is back", "drain", cfg.Drain)
+	notify("STOPPING=1\nSTATUS=stopping: draining connections; sandboxes stay closed")
+	close(quit)
+	bg.Wait()
 	d.close()
 	return 0
 }

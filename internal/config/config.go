@@ -9,10 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -58,6 +60,16 @@ type Config struct {
 	// ProxyPort is the proxy's port on every sandbox gateway.
 	ProxyPort uint16
 	Exfil     Exfil
+	// LogAllowed logs allowed connections, requests and DNS answers at
+	// info; false (the default) logs them at debug, so only refusals,
+	// approvals and changes show.
+	LogAllowed bool
+	// PolicyPoll is how often each sandbox's policy file is checked for
+	// changes (size, modification time, content hash). Default 2 s.
+	PolicyPoll time.Duration
+	// Drain is how long a stopping airlockd lets open connections finish
+	// before it closes them. Default 5 s.
+	Drain     time.Duration
 	Sandboxes []Sandbox
 }
 
@@ -90,6 +102,9 @@ type fileConfig struct {
 	FakeIPPool     string        `yaml:"fake_ip_pool"`
 	ProxyPort      int           `yaml:"proxy_port"`
 	Exfil          Exfil         `yaml:"exfil"`
+	LogAllowed     bool          `yaml:"log_allowed"`
+	PolicyPoll     *float64      `yaml:"policy_poll_seconds"`
+	Drain          *float64      `yaml:"drain_seconds"`
 	Sandboxes      []fileSandbox `yaml:"sandboxes"`
 }
 
@@ -129,6 +144,7 @@ func Parse(name string, data []byte) (*Config, error) {
 		UpstreamDNS:    fc.UpstreamDNS,
 		UpstreamCAFile: fc.UpstreamCAFile,
 		Exfil:          fc.Exfil,
+		LogAllowed:     fc.LogAllowed,
 	}
 	if len(c.UpstreamDNS) == 0 {
 		c.UpstreamDNS = []string{"system"}
@@ -159,6 +175,25 @@ func Parse(name string, data []byte) (*Config, error) {
 	}
 	if c.Exfil.MaxLabelLen < 0 || c.Exfil.MaxLabelLen > 63 || c.Exfil.MaxSubdomainsPerMinute < 0 {
 		return nil, bad("exfil: max_label_len wants 1 to 63, max_subdomains_per_minute a positive number")
+	}
+	for _, d := range []struct {
+		key      string
+		v        *float64
+		def      float64
+		min, max float64
+		out      *time.Duration
+	}{
+		{"policy_poll_seconds", fc.PolicyPoll, 2, 0.1, 3600, &c.PolicyPoll},
+		{"drain_seconds", fc.Drain, 5, 0, 600, &c.Drain},
+	} {
+		v := d.def
+		if d.v != nil {
+			v = *d.v
+		}
+		if math.IsNaN(v) || v < d.min || v > d.max {
+			return nil, bad("%s %v: want %v to %v seconds", d.key, v, d.min, d.max)
+		}
+		*d.out = time.Duration(v * float64(time.Second))
 	}
 	if len(fc.Sandboxes) == 0 {
 		return nil, bad("no sandboxes; add one under sandboxes: (name, subnet)")

@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDefault(t *testing.T) {
@@ -16,6 +17,19 @@ func TestDefault(t *testing.T) {
 	}
 	if c.FakeIPPool.String() != "198.18.0.0/15" || c.UpstreamDNS[0] != "system" {
 		t.Errorf("pool/upstream: %v %v", c.FakeIPPool, c.UpstreamDNS)
+	}
+	if c.LogAllowed || c.PolicyPoll != 2*time.Second || c.Drain != 5*time.Second {
+		t.Errorf("log_allowed %v, policy poll %v, drain %v; want false, 2s, 5s", c.LogAllowed, c.PolicyPoll, c.Drain)
+	}
+}
+
+func TestParseServiceKeys(t *testing.T) {
+	c, err := Parse("x.yaml", []byte("log_allowed: true\npolicy_poll_seconds: 0.5\ndrain_seconds: 0\nsandboxes:\n  - {name: a, subnet: 10.88.0.0/24}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.LogAllowed || c.PolicyPoll != 500*time.Millisecond || c.Drain != 0 {
+		t.Errorf("log_allowed %v, policy poll %v, drain %v; want true, 500ms, 0s", c.LogAllowed, c.PolicyPoll, c.Drain)
 	}
 }
 
@@ -65,6 +79,11 @@ func TestParseErrors(t *testing.T) {
 		{"overlap pool", "sandboxes:\n  - {name: a, subnet: 198.18.0.0/24}\n", "overlaps fake_ip_pool"},
 		{"yaml syntax", "sandboxes: [", "config x.yaml"},
 		{"wrong type", "proxy_port: many" + sb, "cannot unmarshal"},
+		{"poll zero", "policy_poll_seconds: 0" + sb, "policy_poll_seconds 0: want 0.1 to 3600 seconds"},
+		{"poll nan", "policy_poll_seconds: .nan" + sb, "policy_poll_seconds"},
+		{"drain negative", "drain_seconds: -1" + sb, "drain_seconds -1: want 0 to 600 seconds"},
+		{"drain words", "drain_seconds: long" + sb, "cannot unmarshal"},
+		{"log_allowed words", "log_allowed: sometimes" + sb, "cannot unmarshal"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

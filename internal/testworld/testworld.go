@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -402,6 +403,7 @@ func moduleRoot() (string, error) {
 type Daemon struct {
 	w    *World
 	cfg  string
+	env  []string
 	cmd  *exec.Cmd
 	Log  *SyncBuffer
 	done chan struct{}
@@ -426,11 +428,12 @@ func (s *SyncBuffer) String() string {
 	return s.b.String()
 }
 
-// StartDaemon runs airlockd with the config file cfg in the host namespace
-// and waits until it says it is ready.
-func (w *World) StartDaemon(cfg string) *Daemon {
+// StartDaemon runs airlockd with the config file cfg in the host namespace,
+// with env ("KEY=value") added to the environment, and waits until it says
+// it is ready.
+func (w *World) StartDaemon(cfg string, env ...string) *Daemon {
 	w.t.Helper()
-	return w.startDaemon(true, cfg)
+	return w.startDaemon(true, cfg, env...)
 }
 
 // StartRootDaemon runs airlockd with the config file cfg in the machine's
@@ -443,15 +446,16 @@ func (w *World) StartRootDaemon(cfg string) *Daemon {
 	return w.startDaemon(false, cfg)
 }
 
-func (w *World) startDaemon(inHost bool, cfg string) *Daemon {
+func (w *World) startDaemon(inHost bool, cfg string, env ...string) *Daemon {
 	w.t.Helper()
 	bin := Binaries(w.t)
-	d := &Daemon{w: w, Log: &SyncBuffer{}, done: make(chan struct{}), cfg: cfg}
+	d := &Daemon{w: w, Log: &SyncBuffer{}, done: make(chan struct{}), cfg: cfg, env: env}
 	if inHost {
 		d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
 	} else {
 		d.cmd = exec.Command(filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
 	}
+	d.cmd.Env = append(os.Environ(), env...)
 	d.cmd.Stdout, d.cmd.Stderr = d.Log, d.Log
 	if err := d.cmd.Start(); err != nil {
 		w.t.Fatalf("start airlockd: %v", err)
@@ -497,13 +501,34 @@ func (d *Daemon) Kill() {
 	<-d.done
 }
 
-// Stop sends SIGTERM and waits.
+// Stop sends SIGTERM, as systemd does, and waits.
 func (d *Daemon) Stop() {
-	d.cmd.Process.Signal(os.Interrupt)
+	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-d.done:
 	case <-time.After(10 * time.Second):
-		d.w.t.Fatal("airlockd did not stop within 10 s of SIGINT")
+		d.w.t.Fatal("airlockd did not stop within 10 s of SIGTERM")
+	}
+}
+
+// Signal sends sig to airlockd (`ip netns exec` execs it, so the process
+// started is airlockd itself).
+func (d *Daemon) Signal(sig os.Signal) {
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		d.w.t.Errorf("signal airlockd: %v", err)
+	}
+}
+
+// Pid is airlockd's process ID.
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
+// Exited reports whether airlockd has exited.
+func (d *Daemon) Exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -634,7 +659,7 @@ func (d *Daemon) Teardown() (string, error) {
 func (d *Daemon) Restart() *Daemon {
 	d.w.t.Helper()
 	d.Stop()
-	return d.w.startDaemon(d.cmd.Args[0] == "ip", d.cfg)
+	return d.w.startDaemon(d.cmd.Args[0] == "ip", d.cfg, d.env...)
 }
 
 // HostExec runs a command in the host namespace and returns its output.

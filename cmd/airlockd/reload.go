@@ -1,0 +1,261 @@
+package main
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/config"
+	"github.com/airlockhq/airlock/policy"
+	"github.com/airlockhq/airlock/ui"
+)
+
+// Reload re-reads the config file and brings the config's sandboxes up,
+// down or anew (a changed subnet or policy path) to match, and re-reads the
+// policy file of every sandbox that stays. A config that does not parse,
+// or whose sandboxes clash with API-made ones, changes nothing. A policy
+// file that does not parse keeps its sandbox's last good policy. Settings
+// other than the sandboxes need a restart; Restart lists those that
+// changed. It implements ui.Manager.
+func (d *daemon) Reload() (ui.ReloadResult, error) {
+	d.notify("RELOADING=1\nSTATUS=reloading " + d.cfgPath)
+	res, err := d.reload()
+	if err != nil {
+		d.log.Error("reload refused; the running config stays in force", "config", d.cfgPath, "err", err)
+	} else {
+		for _, e := range res.Errors {
+			d.log.Error("reload: refused", "err", e)
+		}
+		d.log.Info("reloaded", "config", d.cfgPath, "added", res.Added, "removed", res.Removed, "changed", res.Changed,
+			"policies", len(res.Reloaded), "errors", len(res.Errors), "restart_needed", res.Restart)
+	}
+	d.notify("READY=1\nSTATUS=" + d.status())
+	return res, err
+}
+
+func (d *daemon) reload() (ui.ReloadResult, error) {
+	res := ui.ReloadResult{Added: []string{}, Removed: []string{}, Changed: []string{}, Reloaded: []string{}, Errors: []string{}, Restart: []string{}}
+	next, err := loadConfig(d.cfgPath, d.cfgExplicit)
+	if err != nil {
+		return res, &ui.ManagerError{Msg: err.Error(), Hint: "the running config stays in force; fix the file and reload again"}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	// API-made sandboxes stay; the config's must not clash with them.
+	probe := *next
+	for _, s := range d.sandboxes {
+		if !s.fromAPI {
+			continue
+		}
+		if _, err := probe.NewSandbox(s.cfg.Name, s.cfg.Policy, s.cfg.Subnet.String(), ""); err != nil {
+			return res, &ui.ManagerError{Msg: fmt.Sprintf("config %s clashes with API-made sandbox %s: %v", next.Path, s.cfg.Name, err),
+				Hint: "the running config stays in force; pick another name or subnet, or delete the API-made sandbox first", Conflict: true}
+		}
+	}
+	res.Restart = restartKeys(d.cfg, next)
+
+	wanted := map[string]config.Sandbox{}
+	for _, sb := range next.Sandboxes {
+		wanted[sb.Name] = sb
+	}
+	var start []config.Sandbox
+	// Down first, so that a subnet freed by one sandbox can go to another.
+	for i := 0; i < len(d.sandboxes); {
+		s := d.sandboxes[i]
+		sb, keep := wanted[s.cfg.Name]
+		switch {
+		case s.fromAPI || keep && sb == s.cfg:
+			i++
+			continue
+		case keep:
+			// A new policy file that does not parse leaves the sandbox as it
+			// runs; the next reload tries again.
+			if _, err := policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy}); err != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s left as it runs: %v", sb.Name, err))
+				i++
+				continue
+			}
+			res.Changed = append(res.Changed, s.cfg.Name)
+			if sb.Subnet == s.cfg.Subnet {
+				// Same network: restart its services on the bridge that
+				// stays, so members keep their place on it.
+				s.stop(d.log)
+				ns, err := d.startSandboxLocked(sb, false)
+				if err == nil {
+					d.sandboxes[i] = ns
+					d.byName.Store(ns.cfg.Name, ns)
+					i++
+					continue
+				}
+				res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s: %v", sb.Name, err))
+				res.Changed = slices.DeleteFunc(res.Changed, func(n string) bool { return n == sb.Name })
+				res.Removed = append(res.Removed, sb.Name)
+				break // and down it goes
+			}
+			start = append(start, sb)
+		default:
+			res.Removed = append(res.Removed, s.cfg.Name)
+		}
+		if err := d.removeSandboxLocked(i); err != nil {
+			// Its rules stay, so it stays closed.
+			res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s: stop: %v", s.cfg.Name, err))
+			i++
+		}
+	}
+	for _, s := range d.sandboxes {
+		if slices.Contains(res.Changed, s.cfg.Name) {
+			continue // just started with its new policy file
+		}
+		s.policyFP = fingerprintOf(s.cfg.Policy)
+		if err := s.policy.Reload(); err != nil {
+			res.Errors = append(res.Errors, err.Error())
+		} else {
+			res.Reloaded = append(res.Reloaded, s.cfg.Name)
+		}
+	}
+	for _, sb := range next.Sandboxes {
+		if !slices.ContainsFunc(d.sandboxes, func(s *sandbox) bool { return s.cfg.Name == sb.Name }) &&
+			!slices.ContainsFunc(start, func(c config.Sandbox) bool { return c.Name == sb.Name }) {
+			res.Added = append(res.Added, sb.Name)
+			start = append(start, sb)
+		}
+	}
+	for _, sb := range start {
+		if _, err := d.addSandboxLocked(sb, false); err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s: %v", sb.Name, err))
+			res.Added = slices.DeleteFunc(res.Added, func(n string) bool { return n == sb.Name })
+			res.Changed = slices.DeleteFunc(res.Changed, func(n string) bool { return n == sb.Name })
+		}
+	}
+	cfg := *d.cfg
+	cfg.Path, cfg.Sandboxes = next.Path, next.Sandboxes
+	d.cfg = &cfg
+	return res, nil
+}
+
+// restartKeys lists the settings that differ between the running config
+// and next, other than the sandboxes: they take effect on a restart.
+func restartKeys(run, next *config.Config) []string {
+	var out []string
+	for _, k := range []struct {
+		key  string
+		same bool
+	}{
+		{"api_listen", run.APIListen == next.APIListen},
+		{"state_dir", run.StateDir == next.StateDir},
+		{"run_dir", run.RunDir == next.RunDir},
+		{"upstream_dns", slices.Equal(run.UpstreamDNS, next.UpstreamDNS)},
+		{"upstream_ca_file", run.UpstreamCAFile == next.UpstreamCAFile},
+		{"fake_ip_pool", run.FakeIPPool == next.FakeIPPool},
+		{"proxy_port", run.ProxyPort == next.ProxyPort},
+		{"exfil", run.Exfil == next.Exfil},
+		{"log_allowed", run.LogAllowed == next.LogAllowed},
+		{"policy_poll_seconds", run.PolicyPoll == next.PolicyPoll},
+		{"drain_seconds", run.Drain == next.Drain},
+	} {
+		if !k.same {
+			out = append(out, k.key)
+		}
+	}
+	return out
+}
+
+// fingerprint identifies a policy file's content: a change of size,
+// modification time or bytes changes it. A missing file has its own.
+type fingerprint struct {
+	size  int64
+	mtime time.Time
+	sum   [sha256.Size]byte
+	state string // "missing", "error: …", or "" for a file read
+}
+
+func fingerprintOf(path string) fingerprint {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fingerprint{state: "missing"}
+	}
+	if err != nil {
+		return fingerprint{state: "error: " + err.Error()}
+	}
+	fp := fingerprint{size: int64(len(b)), sum: sha256.Sum256(b)}
+	if fi, err := os.Stat(path); err == nil {
+		fp.mtime = fi.ModTime()
+	}
+	return fp
+}
+
+// watchPolicies re-reads a sandbox's policy file when it changes on disk
+// (an edit by hand, a git checkout), every interval, until stop is closed.
+// A file that does not parse is refused with its file and line, once per
+// change; the last good policy stays in force.
+func (d *daemon) watchPolicies(interval time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		running := slices.Clone(d.sandboxes)
+		d.mu.Unlock()
+		// Files are read without the lock: a slow disk must not hold up
+		// the API or a reload.
+		for _, s := range running {
+			fp := fingerprintOf(s.cfg.Policy)
+			d.mu.Lock()
+			changed := fp != s.policyFP && slices.Contains(d.sandboxes, s)
+			if changed {
+				s.policyFP = fp
+			}
+			d.mu.Unlock()
+			if !changed {
+				continue
+			}
+			if err := s.policy.Reload(); err != nil {
+				d.log.Error("policy file changed but refused; the last good policy stays in force", "sandbox", s.cfg.Name, "err", err)
+				continue
+			}
+			d.log.Info("policy file changed; reloaded", "sandbox", s.cfg.Name, "policy", s.cfg.Policy, "rules", len(s.policy.Rules()))
+		}
+	}
+}
+
+// status is the one-line state systemd shows in `systemctl status`.
+func (d *daemon) status() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	names := make([]string, len(d.sandboxes))
+	for i, s := range d.sandboxes {
+		names[i] = s.cfg.Name
+	}
+	if len(names) == 0 {
+		names = []string{"none"}
+	}
+	return fmt.Sprintf("sandboxes: %s; API %s", strings.Join(names, ", "), apiURL(d.cfg.APIListen))
+}
+
+// watchdog tells systemd the daemon is alive every interval, until stop is
+// closed. A daemon stuck holding its lock stops the pings, and systemd
+// restarts it.
+func (d *daemon) watchdog(interval time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		// Taking the lock proves nothing holds it for good.
+		d.mu.Lock()
+		d.mu.Unlock()
+		d.notify("WATCHDOG=1")
+	}
+}
