@@ -129,7 +129,7 @@ func TestDocker(t *testing.T) {
 	var d *testworld.Daemon
 	t.Cleanup(func() {
 		// After the daemon's own cleanup kills it (cleanups run last first).
-		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-unknown e2e-keeper e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
+		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-unknown e2e-fetch e2e-keeper e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
 		exec.Command("sh", "-c", "docker ps -aq --filter network=airlock-"+dk1+" | xargs -r docker rm -f; docker network rm airlock-"+dk1+" airlock-"+dk2).Run()
 		if d != nil {
 			if out, err := d.Teardown(); err != nil {
@@ -207,6 +207,35 @@ func TestDocker(t *testing.T) {
 		}
 		if strings.Contains(strings.Join(w.Reached(), "\n"), "/held") {
 			t.Error("the held request reached the internet")
+		}
+	})
+
+	t.Run("a high-risk MCP server is asked about each URL", func(t *testing.T) {
+		done := make(chan string, 1)
+		go func() {
+			out, _ := run("e2e-fetch", "--label", "airlock.source=mcp:fetch", dkImage, "get", "http://allowed.test/fetched")
+			done <- out
+		}()
+		var id, url string
+		for deadline := time.Now().Add(20 * time.Second); id == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			_, body := dkCall(t, token, "GET", "/sandboxes/"+dk1+"/approvals", "")
+			var p []struct{ ID, Source, URL string }
+			json.Unmarshal([]byte(body), &p)
+			for _, a := range p {
+				if a.Source == "mcp:fetch" {
+					id, url = a.ID, a.URL
+				}
+			}
+		}
+		if id == "" {
+			t.Fatal("mcp:fetch reached allowed.test without being asked")
+		}
+		if url != "http://allowed.test/fetched" {
+			t.Errorf("approval for %q, want the full URL", url)
+		}
+		dkCall(t, token, "POST", "/sandboxes/"+dk1+"/approvals/"+id, `{"action":"deny"}`)
+		if out := <-done; !strings.Contains(out, "status 403") {
+			t.Errorf("denied fetch got %q", out)
 		}
 	})
 

@@ -73,6 +73,7 @@ type Docker struct {
 	members  map[netip.Addr]Member
 	byID     map[string]netip.Addr
 	missed   map[netip.Addr]time.Time // when an unknown address was last looked for
+	changed  chan struct{}            // closed, and replaced, when a member joins
 	onChange []func(Member, string)
 }
 
@@ -105,6 +106,7 @@ func ConnectDocker(ctx context.Context, log *slog.Logger) (*Docker, error) {
 		members:  map[netip.Addr]Member{},
 		byID:     map[string]netip.Addr{},
 		missed:   map[netip.Addr]time.Time{},
+		changed:  make(chan struct{}),
 	}, nil
 }
 
@@ -257,33 +259,53 @@ func (d *Docker) RemoveSandbox(ctx context.Context, sandbox string) error {
 	return nil
 }
 
-// Member returns the container holding addr. On a miss it re-reads the
-// engine's containers, so a container that speaks before its start event
-// arrived is still named; an address that stays unknown is asked about at
-// most every quarter second.
+// Member returns the container holding addr. A container speaks before
+// the engine has told anyone it started (its start event, even its running
+// state, come after its first packets), so on a miss for an address Docker
+// hands out, Member re-reads the engine's containers and waits up to a
+// second for the start to be reported.
 func (d *Docker) Member(addr netip.Addr) (Member, bool) {
-	d.mu.Lock()
-	m, ok := d.members[addr]
-	stale := !ok && time.Since(d.missed[addr]) > 250*time.Millisecond
-	if stale {
-		if len(d.missed) > 4096 {
-			clear(d.missed)
+	deadline := time.Now().Add(time.Second)
+	for {
+		d.mu.Lock()
+		m, ok := d.members[addr]
+		dockers := false
+		for _, sn := range d.networks {
+			dockers = dockers || sn.net.DockerRange().Contains(addr)
 		}
-		d.missed[addr] = time.Now()
+		stale := !ok && time.Since(d.missed[addr]) > 100*time.Millisecond
+		if stale {
+			if len(d.missed) > 4096 {
+				clear(d.missed)
+			}
+			d.missed[addr] = time.Now()
+		}
+		changed := d.changed
+		d.mu.Unlock()
+		if ok {
+			return m, true
+		}
+		if stale {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := d.Adopt(ctx); err != nil {
+				d.log.Debug("docker: re-read containers", "err", err)
+			}
+			cancel()
+			d.mu.Lock()
+			m, ok = d.members[addr]
+			d.mu.Unlock()
+			if ok {
+				return m, true
+			}
+		}
+		if !dockers || time.Now().After(deadline) {
+			return Member{}, false
+		}
+		select {
+		case <-changed:
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	d.mu.Unlock()
-	if ok || !stale {
-		return m, ok
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := d.Adopt(ctx); err != nil {
-		d.log.Debug("docker: re-read containers", "err", err)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m, ok = d.members[addr]
-	return m, ok
 }
 
 // AgentOf returns the agent of the sandbox's running members labelled
@@ -385,6 +407,10 @@ func (d *Docker) track(ctx context.Context, id, event string) {
 		}
 		d.members[m.Addr] = m
 		d.byID[m.ID] = m.Addr
+	}
+	if len(added) > 0 {
+		close(d.changed)
+		d.changed = make(chan struct{})
 	}
 	hooks := d.onChange
 	d.mu.Unlock()

@@ -61,6 +61,10 @@ const (
 	// ReasonUntrusted: the member is user_added and no allow rule names
 	// it as its member.
 	ReasonUntrusted
+	// ReasonAskEach: the member is a high-risk MCP server (it fetches any
+	// URL it is given), so each of its requests is asked about unless a
+	// rule naming it allows it.
+	ReasonAskEach
 )
 
 func (r Reason) String() string {
@@ -81,6 +85,8 @@ func (r Reason) String() string {
 		return "not a valid host name"
 	case ReasonUntrusted:
 		return "the member is user_added and no allow rule names it as member"
+	case ReasonAskEach:
+		return "the member is a high-risk MCP server: each request is asked about unless a rule naming it allows it"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
@@ -97,6 +103,10 @@ type Query struct {
 	// MemberOnly says the member is user_added: only allow rules naming
 	// Source as their member apply, and nothing else is asked or allowed.
 	MemberOnly bool
+	// AskEach says the member is a high-risk MCP server: only allow rules
+	// naming it apply, and everything else is asked about request by
+	// request (denied when unknown_action is deny).
+	AskEach bool
 }
 
 // IsRequest reports whether q asks about one request rather than about a
@@ -188,7 +198,7 @@ func (rs *Ruleset) Decide(q Query) Decision {
 	if denyHost != nil {
 		return Decision{Verdict: Deny, Rule: denyHost, Reason: ReasonDenyRule}
 	}
-	allowHost, allowL7 := rs.allow.matchHost(host, q.Source, q.Port, isIP, q.MemberOnly)
+	allowHost, allowL7 := rs.allow.matchHost(host, q.Source, q.Port, isIP, q.MemberOnly || q.AskEach)
 	switch {
 	case allowHost != nil && denyL7 != nil:
 		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
@@ -200,6 +210,11 @@ func (rs *Ruleset) Decide(q Query) Decision {
 		return Decision{Verdict: Deny, Reason: ReasonRawIP}
 	case q.MemberOnly:
 		return Decision{Verdict: Deny, Reason: ReasonUntrusted}
+	case q.AskEach && rs.unknown == ActionDeny:
+		return Decision{Verdict: Deny, Reason: ReasonAskEach, Unknown: rs.unknown}
+	case q.AskEach:
+		// Intercept, so that each request is seen and asked about.
+		return Decision{Verdict: NeedsL7, Reason: ReasonAskEach}
 	case denyL7 != nil && rs.unknown == ActionAllow:
 		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
 	}
@@ -216,7 +231,7 @@ func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
 	if r := rs.deny.matchRequest(host, q.Source, q.Port, isIP, &rq, true, false); r != nil {
 		return Decision{Verdict: Deny, Rule: r, Reason: ReasonDenyRule}
 	}
-	if r := rs.allow.matchRequest(host, q.Source, q.Port, isIP, &rq, false, q.MemberOnly); r != nil {
+	if r := rs.allow.matchRequest(host, q.Source, q.Port, isIP, &rq, false, q.MemberOnly || q.AskEach); r != nil {
 		return Decision{Verdict: Allow, Rule: r, Reason: ReasonAllowRule}
 	}
 	if isIP {
@@ -224,6 +239,13 @@ func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
 	}
 	if q.MemberOnly {
 		return Decision{Verdict: Deny, Reason: ReasonUntrusted}
+	}
+	if q.AskEach {
+		v := Ask
+		if rs.unknown == ActionDeny {
+			v = Deny
+		}
+		return Decision{Verdict: v, Reason: ReasonAskEach, Unknown: rs.unknown}
 	}
 	return rs.unknownDecision()
 }
@@ -441,12 +463,12 @@ func (d Decision) Explain(host string) string {
 // no rule allows never reaches an upstream server, whatever unknown_action
 // says. IP literals are not names and are denied.
 func (rs *Ruleset) DecideName(source, name string) Decision {
-	return rs.decideName(source, name, false)
+	return rs.decideName(source, name, false, false)
 }
 
 // decideName is DecideName; with memberOnly only allow rules naming source
 // as their member apply (a user_added member).
-func (rs *Ruleset) decideName(source, name string, memberOnly bool) Decision {
+func (rs *Ruleset) decideName(source, name string, memberOnly, askEach bool) Decision {
 	host, err := NormalizeHost(name)
 	if err != nil || isIPLiteral(host) {
 		return Decision{Verdict: Deny, Reason: ReasonBadHost}
@@ -456,13 +478,20 @@ func (rs *Ruleset) decideName(source, name string, memberOnly bool) Decision {
 	if m.found != nil {
 		return Decision{Verdict: Deny, Rule: m.found, Reason: ReasonDenyRule}
 	}
-	m = nameMatcher{source: source, memberOnly: memberOnly}
+	m = nameMatcher{source: source, memberOnly: memberOnly || askEach}
 	rs.allow.candidates(host, false, m.visit)
 	if m.found != nil {
 		return Decision{Verdict: Allow, Rule: m.found, Reason: ReasonAllowRule}
 	}
 	if memberOnly {
 		return Decision{Verdict: Deny, Reason: ReasonUntrusted}
+	}
+	if askEach && rs.unknown != ActionDeny {
+		// A fake address, so that the requests come and are asked about.
+		return Decision{Verdict: Ask, Reason: ReasonAskEach, Unknown: rs.unknown}
+	}
+	if askEach {
+		return Decision{Verdict: Deny, Reason: ReasonAskEach, Unknown: rs.unknown}
 	}
 	return rs.unknownDecision()
 }

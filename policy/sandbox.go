@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,15 +88,31 @@ func (s *Sandbox) Path() string { return s.path }
 
 // Decide answers q with the sandbox's current rules. A user_added member
 // (see Trust) gets only what allow rules naming it allow.
+//
+// A high-risk MCP server (fetch, puppeteer, browserbase: see
+// KnownMCPServers) has each request asked about, unless a rule naming it
+// as member allows it.
 func (s *Sandbox) Decide(q Query) Decision {
 	q.MemberOnly = q.MemberOnly || s.untrusted(q.Source)
+	q.AskEach = q.AskEach || highRisk(q.Source)
 	return s.rs.Load().Decide(q)
 }
 
 // DecideName answers a question about a DNS name with the sandbox's
-// current rules (see Ruleset.DecideName).
+// current rules (see Ruleset.DecideName and Decide).
 func (s *Sandbox) DecideName(source, name string) Decision {
-	return s.rs.Load().decideName(source, name, s.untrusted(source))
+	return s.rs.Load().decideName(source, name, s.untrusted(source), highRisk(source))
+}
+
+// highRisk reports whether source names a known MCP server that reaches
+// any URL it is given.
+func highRisk(source string) bool {
+	name, ok := strings.CutPrefix(source, "mcp:")
+	if !ok {
+		return false
+	}
+	k, known := LookupMCPServer(name)
+	return known && k.Risk == RiskHigh
 }
 
 // SetTrust records the trust level of a member that is not one of the

@@ -340,3 +340,46 @@ func TestParseMCPServerFieldsRefused(t *testing.T) {
 		}
 	}
 }
+
+func TestSandboxHighRiskServerIsAskedEachRequest(t *testing.T) {
+	s, _ := openTestSandbox(t, `sandbox:
+  network_allowlist:
+    user:
+      - pattern: "allowed.example"
+      - pattern: "docs.example/*"
+        member: "mcp:fetch"
+  network_denylist:
+    - pattern: "evil.example"
+`)
+	conn := func(host string) Decision { return s.Decide(Query{Source: "mcp:fetch", Host: host, Port: 443}) }
+	req := func(host, path string) Decision {
+		return s.Decide(Query{Source: "mcp:fetch", Host: host, Port: 443, Method: "GET", Path: path})
+	}
+	if d := conn("allowed.example"); d.Verdict != NeedsL7 || d.Reason != ReasonAskEach {
+		t.Errorf("fetch to a host everyone may reach: %v, want needs-L7 (intercept and ask)", d)
+	}
+	if d := req("allowed.example", "/page"); d.Verdict != Ask || d.Reason != ReasonAskEach {
+		t.Errorf("fetch request to a host everyone may reach: %v, want ask", d)
+	}
+	if d := req("docs.example", "/guide"); d.Verdict != Allow {
+		t.Errorf("fetch request its own rule allows: %v, want allow", d)
+	}
+	if d := conn("evil.example"); d.Verdict != Deny || d.Reason != ReasonDenyRule {
+		t.Errorf("fetch to a denied host: %v, want the deny rule", d)
+	}
+	if d := s.DecideName("mcp:fetch", "allowed.example"); d.Verdict != Ask {
+		t.Errorf("fetch DNS for a host others may reach: %v, want ask (a fake address, not forwarded)", d)
+	}
+	if d := s.Decide(Query{Source: "mcp:github", Host: "allowed.example", Port: 443}); d.Verdict != Allow {
+		t.Errorf("github (medium risk) to an allowed host: %v, want allow", d)
+	}
+
+	s2, _ := openTestSandbox(t, "sandbox:\n  unknown_action: deny\n  network_allowlist:\n    user: [{pattern: allowed.example}]\n")
+	if d := s2.Decide(Query{Source: "mcp:puppeteer", Host: "allowed.example", Port: 443, Method: "GET", Path: "/"}); d.Verdict != Deny {
+		t.Errorf("puppeteer in a deny sandbox: %v, want deny", d)
+	}
+	s3, _ := openTestSandbox(t, "sandbox:\n  unknown_action: allow\n")
+	if d := s3.Decide(Query{Source: "mcp:browserbase", Host: "any.example", Port: 443, Method: "GET", Path: "/"}); d.Verdict != Ask {
+		t.Errorf("browserbase in an allow-all sandbox: %v, want ask: high-risk servers are never let through unasked", d)
+	}
+}
