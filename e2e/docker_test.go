@@ -117,9 +117,13 @@ func TestDocker(t *testing.T) {
       transport: sse
       image: `+dkImage+`
       command: ["serve", ":8080", "http://allowed.test/from-sidecar"]
+    - name: flaky
+      transport: sse
+      image: `+dkImage+`
+      command: ["get", "::crash"]
   resources:
     agent: {memory_mb: 256, cpus: 0.5, pids: 32}
-    run_timeout: 60
+    run_timeout: 8
 `)
 	write(t, pol2, "sandbox:\n  unknown_action: deny\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
 	cfg := filepath.Join(w.Dir, "airlockd.yaml")
@@ -129,7 +133,7 @@ func TestDocker(t *testing.T) {
 	var d *testworld.Daemon
 	t.Cleanup(func() {
 		// After the daemon's own cleanup kills it (cleanups run last first).
-		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-unknown e2e-fetch e2e-keeper e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
+		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
 		exec.Command("sh", "-c", "docker ps -aq --filter network=airlock-"+dk1+" | xargs -r docker rm -f; docker network rm airlock-"+dk1+" airlock-"+dk2).Run()
 		if d != nil {
 			if out, err := d.Teardown(); err != nil {
@@ -137,6 +141,12 @@ func TestDocker(t *testing.T) {
 			}
 		}
 	})
+	// A network of that name left wrong (another subnet, masquerading):
+	// airlockd must replace it.
+	docker(t, "network", "rm", "airlock-"+dk1)
+	if out, err := docker(t, "network", "create", "--subnet", "10.89.99.0/24", "airlock-"+dk1); err != nil {
+		t.Fatal(out)
+	}
 	d = w.StartRootDaemon(cfg)
 	tok, err := os.ReadFile(filepath.Join(w.Dir, "state", "token"))
 	if err != nil {
@@ -171,6 +181,15 @@ func TestDocker(t *testing.T) {
 		e := waitRecord(t, token, dk1, "connection", "e2e-plain", func(e audit.Entry) bool { return e.Host == "allowed.test" })
 		if e.Verdict != "allow" {
 			t.Errorf("record %+v, want allow", e)
+		}
+		// A user_added container gets only rules that name it.
+		out, _ = run("e2e-untrusted", "--label", "airlock.trust=user_added", dkImage, "get", "http://allowed.test/untrusted")
+		if !strings.Contains(out, "no such host") {
+			t.Errorf("a user_added container resolved an allowed host: %s", out)
+		}
+		e = waitRecord(t, token, dk1, "dns", "e2e-untrusted", func(e audit.Entry) bool { return e.Host == "allowed.test" })
+		if !strings.Contains(e.Reason, "user_added") {
+			t.Errorf("denial of a user_added container says %q", e.Reason)
 		}
 	})
 
@@ -273,6 +292,18 @@ func TestDocker(t *testing.T) {
 		}
 	})
 
+	t.Run("a crashing MCP sidecar is reported and restarted", func(t *testing.T) {
+		waitRecord(t, token, dk1, "member", "mcp:flaky", func(e audit.Entry) bool { return strings.Contains(e.Reason, "crashed with exit code 1") })
+		var restarts int
+		for deadline := time.Now().Add(20 * time.Second); restarts < 1 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			out, _ := docker(t, "inspect", "airlock-e2e-dk1-mcp-flaky", "--format", "{{.RestartCount}}")
+			restarts, _ = strconv.Atoi(strings.TrimSpace(out))
+		}
+		if restarts < 1 {
+			t.Error("Docker did not restart the crashed sidecar")
+		}
+	})
+
 	t.Run("airlock docker run starts a hardened member", func(t *testing.T) {
 		bin := testworld.Binaries(t)
 		airlock := func(args ...string) (string, int) {
@@ -302,6 +333,24 @@ func TestDocker(t *testing.T) {
 		waitRecord(t, token, dk1, "request", "e2e-intercepted", func(e audit.Entry) bool { return strings.HasSuffix(e.URL, "/v1/ca-check") && e.Status == 200 })
 		if out, code = airlock(dk1, dkImage, "get", "::not-a-url"); code != 1 {
 			t.Errorf("a failing member's exit code came back as %d, want 1: %s", code, out)
+		}
+		start := time.Now()
+		if out, code = airlock(dk1, dkImage, "sleep", "60"); code != 137 || !strings.Contains(out, "run timeout") || time.Since(start) > 30*time.Second {
+			t.Errorf("a member past run_timeout (8 s): exit %d after %v: %s", code, time.Since(start), out)
+		}
+		// The limits as the engine holds them.
+		out, code = airlock("-d", "--workspace", w.Dir, "--name", "e2e-limits", dk1, dkImage, "sleep", "5")
+		if code != 0 {
+			t.Fatalf("airlock docker run -d: %d %s", code, out)
+		}
+		hc, err := docker(t, "inspect", "e2e-limits", "--format", "{{json .HostConfig}}")
+		if err != nil {
+			t.Fatal(hc)
+		}
+		for _, want := range []string{`"Memory":268435456`, `"NanoCpus":500000000`, `"PidsLimit":32`, `"ReadonlyRootfs":true`, `"CapDrop":["ALL"]`, `"no-new-privileges:true"`, `"Target":"/workspace","ReadOnly":true`} {
+			if !strings.Contains(hc, want) {
+				t.Errorf("launched member's host config lacks %s: %s", want, hc)
+			}
 		}
 	})
 

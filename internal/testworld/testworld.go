@@ -625,7 +625,7 @@ func (w *World) ForwardHost(addr string) string {
 
 // RouteRoot links the machine's own network namespace to the internet
 // namespace (198.51.100.1 here, 198.51.100.2 there) and routes the
-// internet's addresses over it, for an airlockd that runs beside the Docker
+// internet's servers over it, for an airlockd that runs beside the Docker
 // Engine. The route and link go when the test ends.
 func (w *World) RouteRoot() {
 	w.t.Helper()
@@ -636,7 +636,11 @@ func (w *World) RouteRoot() {
 	w.ip("link", "set", root, "up")
 	w.ip("-n", w.Inet, "addr", "add", "198.51.100.2/30", "dev", inet)
 	w.ip("-n", w.Inet, "link", "set", inet, "up")
-	w.ip("route", "add", "203.0.113.0/24", "via", "198.51.100.2")
+	// Only the world's own hosts: other addresses of 203.0.113.0/24 may be
+	// real ones on this machine's network (a package mirror, say).
+	for _, a := range []string{DNSAddr, WebAddr, DecoyAddr, UDP53Addr} {
+		w.ip("route", "add", a+"/32", "via", "198.51.100.2")
+	}
 }
 
 // Teardown runs `airlockd --teardown` with the daemon's config, in the
