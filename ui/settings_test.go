@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -187,5 +188,18 @@ func TestBadReplaceChangesNothing(t *testing.T) {
 	}
 	if d := h.sb.pol.Decide(policy.Query{Host: "a.example.com", Port: 443}); d.Verdict != policy.Allow {
 		t.Errorf("bad edits changed the policy: %v", d)
+	}
+}
+
+// A new approval_timeout holds the next request for that long.
+func TestApprovalTimeoutInForce(t *testing.T) {
+	h := newAPI(t, settingsFile)
+	if code, body := h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"approval_timeout": 1}`); code != 200 {
+		t.Fatalf("PATCH: %d %s", code, body)
+	}
+	start := time.Now()
+	out := h.sb.broker.Ask(context.Background(), policy.AskRequest{Source: "agent", Host: "held.test", Port: 443, URL: "held.test:443"})
+	if took := time.Since(start); out.Allowed || took < 900*time.Millisecond || took > 5*time.Second || !strings.Contains(out.Reason, "1s") {
+		t.Errorf("held %v: %+v; want a denial after 1 s", took, out)
 	}
 }
