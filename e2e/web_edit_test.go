@@ -129,6 +129,11 @@ name: webtest   # other keys stay
 sandbox:
   unknown_action: ask   # changed from the page
   approval_timeout: 30
+  mcp_servers:
+    - name: github
+      transport: stdio
+    - name: fetch
+      transport: stdio
   network_allowlist:
     auto:
       - generativelanguage.googleapis.com
@@ -224,6 +229,14 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 	if !strings.Contains(allowWarning, "defeats the sandbox") || !saveDisabled {
 		t.Errorf("choosing allow: warning %q, save disabled %v; want the warning and Save off until confirmed", allowWarning, saveDisabled)
 	}
+	var mcp string
+	if err := chromedp.Run(ctx, chromedp.Poll(`document.querySelector("#mcp-rows").innerText.includes("fetch")`, nil, chromedp.WithPollingTimeout(5*time.Second)),
+		chromedp.Text("#mcp-rows", &mcp, chromedp.ByID)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(squash(mcp), "fetch stdio any-url high — reaches any URL") || !strings.Contains(squash(mcp), "github stdio domains api.github.com, github.com medium") {
+		t.Errorf("MCP servers in settings: %q", squash(mcp))
+	}
 	checkAccessible(t, ctx, "settings")
 	shot(t, ctx, w, "settings.png")
 	var settingsErr string
@@ -286,6 +299,16 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 		onScreen(`input[aria-label="new pattern for edit-me.test"]`),
 	); err != nil {
 		t.Fatal(err)
+	}
+	// Auto rules say why they are there.
+	var auto string
+	chromedp.Run(ctx, chromedp.Evaluate(`[...document.querySelectorAll("#allow-rows tr")].filter((r) => r.innerText.includes("managed")).map((r) => r.innerText.replace(/\s+/g, " ")).join("\n")`, &auto))
+	if !strings.Contains(auto, "generativelanguage.googleapis.com exact auto LLM API") || !strings.Contains(auto, "api.github.com exact auto mcp:github") {
+		t.Errorf("auto rules in the manager:\n%s", auto)
+	}
+	// The other list still renders while a row is being edited.
+	if err := chromedp.Run(ctx, chromedp.Poll(`document.querySelector("#deny-rows").innerText.includes("pastebin.com")`, nil, chromedp.WithPollingTimeout(5*time.Second))); err != nil {
+		t.Errorf("the denylist is not shown while an allowlist row is edited: %v", err)
 	}
 	checkAccessible(t, ctx, "allowlist manager")
 	shot(t, ctx, w, "manager.png")

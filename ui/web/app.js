@@ -317,6 +317,7 @@ $("ask").addEventListener("keydown", (ev) => {
 const escapeHint = () => { $("ask-error").textContent = "The request waits for your decision: Deny (D), Allow once (A) or Allow pattern (P)."; };
 $("ask").addEventListener("keydown", (ev) => { if (ev.key === "Escape") { ev.preventDefault(); escapeHint(); } }, true);
 $("ask").addEventListener("cancel", (ev) => { ev.preventDefault(); escapeHint(); });
+$("ask").addEventListener("input", () => { if ($("ask-error").textContent.startsWith("The request waits")) $("ask-error").textContent = ""; });
 $("ask").addEventListener("close", () => {
   if (state.current) { $("ask").showModal(); escapeHint(); const f = document.querySelector('input[name="pattern"]:checked') || $("b-deny"); f.focus(); }
 });
@@ -340,10 +341,10 @@ async function loadRules() {
           } }, "delete"));
       }
       return el("tr", { "data-id": r.id }, el("td", { class: "mono", title: r.pattern }, r.pattern), el("td", {}, r.type), el("td", {}, r.tier),
-        el("td", {}, (r.member ? "only " + r.member + "; " : "") + (r.source || "")), el("td", {}, r.added ? new Date(r.added).toLocaleString() : ""),
+        el("td", {}, (r.llm ? "LLM API; " : "") + (r.member ? "only " + r.member + "; " : "") + (r.source || "")), el("td", {}, r.added ? new Date(r.added).toLocaleString() : ""),
         el("td", { class: "num" }, await matchedCount(r.pattern)), actions);
     }));
-    if (state.editing) return; // an editor opened while the counts loaded
+    if (state.editing && $(body).querySelector(".editing")) continue; // an editor opened while the counts loaded
     $(body).replaceChildren(...rows);
   }
 }
@@ -390,7 +391,8 @@ async function loadSettings() {
   if (!dirty) showSettings();
   $("s-inspect").textContent = s.inspect === "all" ? "all TLS intercepted" : "only hosts with path or method rules";
   $("s-policy").textContent = s.policy; $("s-subnet").textContent = s.subnet;
-  $("mcp-rows").replaceChildren(...s.mcp_servers.map((m) => el("tr", {}, el("td", {}, m.name), el("td", {}, m.transport), el("td", {}, m.network),
+  if (!s.mcp_servers.length) $("mcp-rows").replaceChildren(el("tr", {}, el("td", { colspan: "5", class: "muted" }, "No MCP servers in this sandbox's policy file.")));
+  else $("mcp-rows").replaceChildren(...s.mcp_servers.map((m) => el("tr", {}, el("td", {}, m.name), el("td", {}, m.transport), el("td", {}, m.network),
     el("td", { class: "mono" }, m.domains.join(", ")), el("td", { class: m.risk === "high" ? "bad" : m.risk === "medium" ? "warn" : "" }, m.risk + (m.risk === "high" ? " — reaches any URL it is asked for" : "")))));
 }
 
