@@ -13,6 +13,7 @@ import (
 	"github.com/chromedp/cdproto/accessibility"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/dom"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/airlockhq/airlock/internal/testworld"
@@ -325,6 +326,31 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 	}
 	if got := readPolicy(t, pol); got != before {
 		t.Errorf("a refused edit changed the file:\n%s", got)
+	}
+	// A broad pattern asks first; declining saves nothing.
+	asked := make(chan string, 1)
+	chromedp.ListenTarget(ctx, func(ev any) {
+		if e, ok := ev.(*page.EventJavascriptDialogOpening); ok {
+			asked <- e.Message
+			go chromedp.Run(ctx, page.HandleJavaScriptDialog(false))
+		}
+	})
+	if err := chromedp.Run(ctx, setValue(`input[aria-label="new pattern for edit-me.test"]`, "*.test"), click(`button[aria-label="save pattern edit-me.test"]`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case msg := <-asked:
+		if !strings.Contains(msg, "defeats the sandbox") {
+			t.Errorf("the broad pattern's question: %q", msg)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("saving the broad pattern *.test asked nothing")
+	}
+	if err := chromedp.Run(ctx, chromedp.Poll(`document.querySelector("#allow-rows .row-error").textContent.includes("too broad")`, nil, chromedp.WithPollingTimeout(5*time.Second))); err != nil {
+		t.Errorf("declined broad pattern: the row does not say it is too broad: %v", err)
+	}
+	if got := readPolicy(t, pol); got != before {
+		t.Errorf("a declined broad pattern changed the file:\n%s", got)
 	}
 	if err := chromedp.Run(ctx,
 		setValue(`input[aria-label="new pattern for edit-me.test"]`, "*.edited.test/api/*"),

@@ -358,11 +358,15 @@ function editRule(tr, list, r) {
   const input = el("input", { value: r.pattern, "aria-label": "new pattern for " + r.pattern, spellcheck: "false" });
   const err = el("div", { class: "row-error", role: "alert" });
   const done = () => { state.editing = false; loadRules(); };
-  const save = async () => {
+  const save = async (force) => {
     const pattern = input.value.trim();
     if (pattern === r.pattern) { done(); return; }
     err.textContent = "";
-    try { await api("PUT", sb("/" + list + "/" + r.id), { pattern }); done(); } catch (e) { err.textContent = e.message; input.focus(); }
+    try { await api("PUT", sb("/" + list + "/" + r.id), force === true ? { pattern, force } : { pattern }); done(); } catch (e) {
+      // A broad allow pattern is saved only when the person insists.
+      if (force !== true && e.message.includes("too broad") && confirm("“" + pattern + "” covers a whole public suffix or everything; allowing it defeats the sandbox. Save it anyway?")) { save(true); return; }
+      err.textContent = e.message; input.focus();
+    }
   };
   input.addEventListener("keydown", (ev) => {
     if (ev.key === "Enter") { ev.preventDefault(); save(); } else if (ev.key === "Escape") { ev.preventDefault(); done(); }
