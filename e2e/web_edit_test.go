@@ -197,6 +197,11 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 		t.Errorf("the row's hover text %q does not name the rule", title)
 	}
 	checkAccessible(t, ctx, "monitor")
+	var live string
+	chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector(".counters").getAttribute("aria-live") + " " + document.querySelector(".counters").innerText.replace(/\s+/g, " ")`, &live))
+	if live != "polite 3 Requests 3 Allowed 0 Denied 0 Pending" {
+		t.Errorf("counters: %q; want a polite live region counting 3 requests, all allowed", live)
+	}
 
 	// (a) Hiding LLM calls hides the Gemini row and nothing else; showing
 	// them brings it back.
