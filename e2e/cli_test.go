@@ -126,4 +126,26 @@ func TestCLI(t *testing.T) {
 	if out, _ := cli("ca", "default"); !strings.HasPrefix(out, "-----BEGIN CERTIFICATE-----") {
 		t.Errorf("ca: %s", out)
 	}
+
+	// Settings: a bad value changes nothing; deny is saved and in force.
+	pol := filepath.Join(w.Dir, "default.yaml")
+	before, _ := os.ReadFile(pol)
+	if out, code := cli("set", "default", "approval_timeout", "0"); code != 1 || !strings.Contains(out, "from 1 to 600") {
+		t.Errorf("set approval_timeout 0: %d %s", code, out)
+	}
+	if out, code := cli("set", "default", "color", "blue"); code != 1 || !strings.Contains(out, "unknown_action or approval_timeout") {
+		t.Errorf("set color: %d %s", code, out)
+	}
+	if after, _ := os.ReadFile(pol); string(after) != string(before) {
+		t.Errorf("refused settings changed the file:\n%s", after)
+	}
+	if out, code := cli("set", "default", "unknown_action", "deny"); code != 0 || !strings.Contains(out, "unknown_action deny") {
+		t.Errorf("set unknown_action deny: %d %s", code, out)
+	}
+	if after, _ := os.ReadFile(pol); !strings.Contains(string(after), "\n  unknown_action: deny\n") {
+		t.Errorf("policy file after set:\n%s", after)
+	}
+	if r := w.Run(cfg, "default", "agent", 20*time.Second, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "http://api.unknown.test/"); r.Stdout != "403" {
+		t.Errorf("unknown host after set deny: %q %q", r.Stdout, r.Stderr)
+	}
 }

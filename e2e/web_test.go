@@ -133,6 +133,28 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 	if who != "mcp:github" || url != "http://api.unknown.test/v1/data" {
 		t.Errorf("dialog shows %q asking for %q", who, url)
 	}
+	// The dialog is modal, takes the focus, and Escape does not dismiss
+	// the held request: it says what to do instead.
+	var dialog struct {
+		Modal, Role, Focus string
+		Open               bool
+		Error              string
+	}
+	if err := chromedp.Run(ctx,
+		chromedp.Evaluate(`(() => { const d = document.querySelector("#ask"); return {modal: d.getAttribute("aria-modal"), role: d.getAttribute("role"), focus: d.contains(document.activeElement) ? document.activeElement.outerHTML : "outside: " + document.activeElement.outerHTML} })()`, &dialog),
+		chromedp.KeyEvent("\x1b"),
+		chromedp.Sleep(200*time.Millisecond),
+		chromedp.Evaluate(`({open: document.querySelector("#ask").open, error: document.querySelector("#ask-error").textContent})`, &dialog),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if dialog.Modal != "true" || dialog.Role != "dialog" || strings.HasPrefix(dialog.Focus, "outside") || !strings.Contains(dialog.Focus, `name="pattern"`) {
+		t.Errorf("dialog: aria-modal %q, role %q, focus %s; want a modal dialog with the focus on the first pattern", dialog.Modal, dialog.Role, dialog.Focus)
+	}
+	if !dialog.Open || !strings.Contains(dialog.Error, "waits for your decision") {
+		t.Errorf("after Escape: open %v, message %q; want the dialog open and a hint", dialog.Open, dialog.Error)
+	}
+	checkAccessible(t, ctx, "approval dialog")
 	// Custom pattern, live-tested against the request, then saved.
 	var results string
 	if err := chromedp.Run(ctx,
@@ -173,7 +195,6 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 			t.Errorf("monitor lacks %q: %q", want, monitor)
 		}
 	}
-	shot(t, ctx, w, "monitor.png")
 
 	// The manager lists the saved pattern; deleting it removes it from the file.
 	if err := chromedp.Run(ctx,
@@ -182,7 +203,6 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	shot(t, ctx, w, "manager.png")
 	if err := chromedp.Run(ctx,
 		chromedp.Click(`button[aria-label="delete *.unknown.test"]`),
 		chromedp.WaitNotPresent(`button[aria-label="delete *.unknown.test"]`),

@@ -332,3 +332,79 @@ func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
 	}
 	s.rs.Store(NewRuleset(spec.UnknownAction, spec.Deny, spec.Auto, spec.User, session))
 }
+
+// SetSettings changes the sandbox's scalar settings in its policy file and
+// puts them in force for the next decision and the next held request
+// (requests already held keep their deadline). It returns the settings now
+// in force. On error nothing changed.
+func (s *Sandbox) SetSettings(set Settings) (Spec, error) {
+	if err := set.Validate(); err != nil {
+		return Spec{}, err
+	}
+	s.mu.Lock()
+	err := SetSettings(s.path, set)
+	if err == nil {
+		err = s.reloadLocked(s.session)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return Spec{}, fmt.Errorf("sandbox %s: %w", s.name, err)
+	}
+	return s.Spec(), nil
+}
+
+// ReplaceRequest asks for a rule's pattern to be replaced.
+type ReplaceRequest struct {
+	ID      string
+	Pattern string
+	// Force accepts a broad allow pattern (see ErrBroad).
+	Force bool
+}
+
+// Replace gives the user or session rule with this ID a new pattern and
+// returns the old and the new rule. The new rule keeps the old one's list,
+// tier, member, source and place in the list; its Added time is now (the
+// moment this pattern was allowed or denied). A user rule is changed on
+// disk when Replace returns. The same pattern again changes nothing. On
+// error (bad pattern, ErrDuplicateRule, ErrAutoRule, ErrNoRule) nothing
+// changed.
+func (s *Sandbox) Replace(req ReplaceRequest) (old, repl *Rule, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var cur *Rule
+	for _, r := range s.rulesLocked() {
+		if r.ID == req.ID {
+			cur = r
+		}
+	}
+	switch {
+	case cur == nil:
+		return nil, nil, fmt.Errorf("replace rule %s: %w", req.ID, ErrNoRule)
+	case cur.Tier == Auto:
+		return nil, nil, fmt.Errorf("replace rule %s (%s): %w; edit its MCP server or auto entry in %s", req.ID, cur.Pattern, ErrAutoRule, s.path)
+	}
+	p, err := Parse(req.Pattern, ParseOptions{Force: req.Force || cur.List == Denylist})
+	if err != nil {
+		return nil, nil, err
+	}
+	nr := NewRule(cur.List, cur.Tier, p, cur.Member, cur.Source, s.now().UTC().Truncate(time.Second))
+	nr.Forced = req.Force && cur.List == Allowlist
+	if nr.ID == cur.ID {
+		return cur, cur, nil
+	}
+	for _, r := range s.rulesLocked() {
+		if r.ID == nr.ID {
+			return nil, nil, fmt.Errorf("replace rule %s with %s: %w", req.ID, p, ErrDuplicateRule)
+		}
+	}
+	if cur.Tier == Session {
+		session := slices.Clone(s.session)
+		session[slices.Index(session, cur)] = nr
+		s.setLocked(s.spec, session)
+		return cur, nr, nil
+	}
+	if _, err := ReplaceRule(s.path, cur.List, cur.ID, nr); err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s: %w", s.name, err)
+	}
+	return cur, nr, s.reloadLocked(s.session)
+}

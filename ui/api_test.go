@@ -440,10 +440,21 @@ func FuzzAPIBodies(f *testing.F) {
 		f.Add(s, uint8(0))
 	}
 	h := newAPI(f, "")
-	paths := []string{"/api/v1/sandboxes/myapp/allowlist", "/api/v1/sandboxes/myapp/denylist", "/api/v1/sandboxes/myapp/allowlist/test", "/api/v1/sandboxes/myapp/approvals/x", "/api/v1/login"}
+	paths := []string{"/api/v1/sandboxes/myapp/allowlist", "/api/v1/sandboxes/myapp/denylist", "/api/v1/sandboxes/myapp/allowlist/test", "/api/v1/sandboxes/myapp/approvals/x", "/api/v1/login",
+		"PATCH /api/v1/sandboxes/myapp/settings", "PUT /api/v1/sandboxes/myapp/allowlist/" + policy.RuleID(policy.Allowlist, mustPattern(f, "a.test"), "")}
+	f.Add(`{"unknown_action":"deny","approval_timeout":0}`, uint8(5))
+	f.Add(`{"pattern":"b.test"}`, uint8(6))
 	f.Fuzz(func(t *testing.T, body string, which uint8) {
+		if _, err := h.sb.pol.Add(policy.AddRequest{Pattern: "a.test", List: policy.Allowlist}); err != nil {
+			t.Fatal(err)
+		}
 		before := len(h.sb.pol.Rules())
-		code, resp := h.do(t, "POST", paths[int(which)%len(paths)], body)
+		spec := h.sb.pol.Spec()
+		method, path, ok := strings.Cut(paths[int(which)%len(paths)], " ")
+		if !ok {
+			method, path = "POST", method
+		}
+		code, resp := h.do(t, method, path, body)
 		if code >= 500 {
 			t.Fatalf("%d for %q: %s", code, body, resp)
 		}
@@ -452,6 +463,9 @@ func FuzzAPIBodies(f *testing.F) {
 		}
 		if code >= 400 && len(h.sb.pol.Rules()) != before {
 			t.Fatalf("a refused body changed the rules: %q", body)
+		}
+		if after := h.sb.pol.Spec(); code >= 400 && (after.UnknownAction != spec.UnknownAction || after.ApprovalTimeout != spec.ApprovalTimeout) {
+			t.Fatalf("a refused body changed the settings: %q", body)
 		}
 	})
 }
@@ -602,4 +616,12 @@ func TestMetricsEndpoint(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(b), "airlock_test_total 1") {
 		t.Errorf("/metrics: %d %s", resp.StatusCode, b)
 	}
+}
+
+func mustPattern(t testing.TB, s string) policy.Pattern {
+	p, err := policy.Parse(s, policy.ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

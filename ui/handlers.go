@@ -130,11 +130,12 @@ type ruleView struct {
 	Member  string     `json:"member,omitempty"`
 	Added   *time.Time `json:"added,omitempty"`
 	Forced  bool       `json:"forced,omitempty"`
+	LLM     bool       `json:"llm,omitempty"` // the pattern names a known LLM API
 }
 
 func viewRule(r *policy.Rule) ruleView {
 	v := ruleView{ID: r.ID, Pattern: r.Pattern.String(), Type: r.Pattern.Kind().String(), Tier: r.Tier.String(),
-		List: r.List.String(), Source: r.Source, Member: r.Member, Forced: r.Forced}
+		List: r.List.String(), Source: r.Source, Member: r.Member, Forced: r.Forced, LLM: policy.IsLLMHost(r.Pattern.String())}
 	if !r.Added.IsZero() {
 		t := r.Added
 		v.Added = &t

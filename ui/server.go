@@ -291,7 +291,10 @@ func (s *Server) routes() *echo.Echo {
 		sb.GET("/"+name, s.listRules(l))
 		sb.POST("/"+name, s.addRule(l))
 		sb.DELETE("/"+name+"/:id", s.removeRule(l))
+		sb.PUT("/"+name+"/:id", s.replaceRule(l))
 	}
+	sb.GET("/settings", s.getSettings)
+	sb.PATCH("/settings", s.patchSettings)
 	sb.POST("/allowlist/test", s.testPattern)
 	sb.GET("/approvals", s.listApprovals)
 	sb.POST("/approvals/:id", s.decide)

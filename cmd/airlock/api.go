@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -145,6 +146,7 @@ func apiCommands() map[string]apiCommand {
 			fs.StringVar(&flagOut, "o", "", "write to FILE (default stdout)")
 		}, run: cmdHAR},
 		"reload": {name: "reload", usage: "reload", run: cmdReload},
+		"set": {name: "set", usage: "set SANDBOX unknown_action ask|deny|allow  |  set SANDBOX approval_timeout SECONDS", min: 3, max: 3, run: cmdSet},
 		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			var pem []byte
 			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {
@@ -499,4 +501,33 @@ func cmdHAR(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	}
 	_, err := w.Write(har)
 	return err
+}
+
+// cmdSet changes one setting of a sandbox, in its policy file and in force.
+func cmdSet(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	body := map[string]any{}
+	switch a[1] {
+	case "unknown_action":
+		body[a[1]] = a[2]
+	case "approval_timeout":
+		n, err := strconv.Atoi(strings.TrimSuffix(a[2], "s"))
+		if err != nil {
+			return fmt.Errorf("approval_timeout %q: want whole seconds, such as 60", a[2])
+		}
+		body[a[1]] = n
+	default:
+		return fmt.Errorf("unknown setting %q: want unknown_action or approval_timeout", a[1])
+	}
+	var out struct {
+		UnknownAction   string `json:"unknown_action"`
+		ApprovalTimeout int    `json:"approval_timeout"`
+	}
+	if err := c.Do(ctx, "PATCH", sbPath(a[0], "/settings"), body, &out); err != nil {
+		return err
+	}
+	if cm.json {
+		return printJSON(out)
+	}
+	fmt.Printf("%s: unknown_action %s, approval_timeout %d s (saved to the policy file)\n", a[0], out.UnknownAction, out.ApprovalTimeout)
+	return nil
 }

@@ -41,6 +41,7 @@ const usage = `usage:
   airlock har SANDBOX [-o FILE]              traffic as HAR 1.2
   airlock ca SANDBOX                         the sandbox CA certificate (PEM)
   airlock reload                             airlockd re-reads its config and every policy file
+  airlock set SANDBOX KEY VALUE              unknown_action ask|deny|allow, or approval_timeout SECONDS
   airlock teardown NAME                      remove sandbox NAME's rules, bridge and leases
 
 Finding airlockd: --api URL (or $AIRLOCK_API, default from the config: http://127.0.0.1:7433),

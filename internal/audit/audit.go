@@ -29,7 +29,8 @@ const (
 	KindRequest    = "request"    // an intercepted HTTP request
 	KindDNS        = "dns"        // a DNS query
 	KindApproval   = "approval"   // an approval opened or decided
-	KindRule       = "rule"       // a rule added or removed
+	KindRule       = "rule"       // a rule added, replaced or removed
+	KindSettings   = "settings"   // a sandbox setting changed
 	KindExfil      = "exfiltration"
 	KindMember     = "member" // a Docker member started, ended or crashed
 )
@@ -68,7 +69,7 @@ type Entry struct {
 	ConnID     uint64              `json:"conn_id,omitempty"`
 
 	ApprovalID string `json:"approval_id,omitempty"`
-	Action     string `json:"action,omitempty"` // opened, deny, allow_once, allow_pattern, timeout; added, removed
+	Action     string `json:"action,omitempty"` // opened, deny, allow_once, allow_pattern, timeout; added, replaced, removed; changed
 	RuleID     string `json:"rule_id,omitempty"`
 	List       string `json:"list,omitempty"`
 }

@@ -8,6 +8,7 @@ const state = {
   sandbox: null, csrf: sessionStorage.getItem("airlock.csrf") || "", events: null,
   rows: [], sources: new Map(), counts: { total: 0, allow: 0, deny: 0 },
   queue: [], current: null, timer: null, follow: true, samples: [],
+  editing: false, settings: null, returnFocus: null,
 };
 const MAX_ROWS = 2000;
 
@@ -54,12 +55,21 @@ $("theme").addEventListener("click", () => {
   const dark = document.documentElement.classList.toggle("dark");
   localStorage.setItem("airlock.theme", dark ? "dark" : "light");
 });
-for (const b of document.querySelectorAll(".tabs button")) {
-  b.addEventListener("click", () => {
-    for (const o of document.querySelectorAll(".tabs button")) o.setAttribute("aria-selected", o === b);
-    for (const t of document.querySelectorAll(".tab")) t.hidden = t.id !== "tab-" + b.dataset.tab;
-    if (b.dataset.tab === "rules") loadRules();
-    if (b.dataset.tab === "settings") loadSettings();
+const tabs = [...document.querySelectorAll(".tabs button")];
+function selectTab(b) {
+  for (const o of tabs) { o.setAttribute("aria-selected", o === b); o.tabIndex = o === b ? 0 : -1; }
+  for (const t of document.querySelectorAll(".tab")) t.hidden = t.id !== "tab-" + b.dataset.tab;
+  if (b.dataset.tab === "rules") loadRules();
+  if (b.dataset.tab === "settings") loadSettings();
+}
+for (const b of tabs) {
+  b.addEventListener("click", () => selectTab(b));
+  // Arrow keys move between tabs, as in every tab list.
+  b.addEventListener("keydown", (ev) => {
+    const step = ev.key === "ArrowRight" ? 1 : ev.key === "ArrowLeft" ? -1 : 0;
+    if (!step) return;
+    const next = tabs[(tabs.indexOf(b) + step + tabs.length) % tabs.length];
+    selectTab(next); next.focus();
   });
 }
 
@@ -78,7 +88,7 @@ $("sandbox").addEventListener("change", () => { state.sandbox = $("sandbox").val
 
 async function openSandbox() {
   if (state.events) state.events.close();
-  state.rows = []; state.sources.clear(); state.counts = { total: 0, allow: 0, deny: 0 }; state.queue = []; state.samples = [];
+  state.editing = false; state.settings = null; state.rows = []; state.sources.clear(); state.counts = { total: 0, allow: 0, deny: 0 }; state.queue = []; state.samples = [];
   $("rows").replaceChildren();
   $("har").href = "/api/v1" + sb("/requests.har");
   $("s-ca").href = "/api/v1" + sb("/ca.pem");
@@ -89,7 +99,8 @@ async function openSandbox() {
   state.events = new EventSource("/api/v1" + sb("/events"));
   for (const kind of ["connection", "request"]) state.events.addEventListener(kind, (m) => addRecord(JSON.parse(m.data)));
   state.events.addEventListener("approval", (m) => onApproval(JSON.parse(m.data)));
-  state.events.addEventListener("rule", () => { if (!$("tab-rules").hidden) loadRules(); });
+  state.events.addEventListener("rule", () => { if (!$("tab-rules").hidden && !state.editing) loadRules(); });
+  state.events.addEventListener("settings", () => { if (!$("tab-settings").hidden) loadSettings(); });
   refreshApprovals();
 }
 
@@ -213,9 +224,12 @@ function alertPerson(e) {
 }
 
 function openAsk(p) {
+  if (!$("ask").open) state.returnFocus = document.activeElement;
   state.current = p;
   $("ask-source").textContent = p.source || "a member";
   $("ask-url").textContent = (p.method ? p.method + " " : "") + p.url;
+  const others = (p.sources || []).filter((s) => s !== p.source);
+  $("ask-via").textContent = others.length ? "Also waiting for it: " + others.join(", ") : ""; $("ask-via").hidden = !others.length;
   $("ask-queue").textContent = (p.waiting > 1 ? p.waiting + " connections wait for this. " : "") + (state.queue.length > 1 ? (state.queue.length - 1) + " more after this." : "");
   const hdr = p.headers ? Object.entries(p.headers).map(([k, v]) => k + ": " + v.join(", ")).join("\n") : "";
   $("ask-headers").textContent = hdr; $("ask-headers-box").hidden = !hdr;
@@ -225,6 +239,10 @@ function openAsk(p) {
   tick();
   clearInterval(state.timer); state.timer = setInterval(tick, 250);
   if (!$("ask").open) $("ask").showModal();
+  // Focus starts on the first pattern choice: the keys work from there and
+  // nothing is decided by a stray Enter.
+  const first = document.querySelector('#choices input[name="pattern"]');
+  (first || $("b-deny")).focus();
 }
 
 function tick() {
@@ -235,7 +253,12 @@ function tick() {
   if (left <= 0) { closeAsk(); setTimeout(refreshApprovals, 500); }
 }
 
-function closeAsk() { clearInterval(state.timer); state.current = null; if ($("ask").open) $("ask").close(); }
+function closeAsk() {
+  clearInterval(state.timer); state.current = null;
+  if ($("ask").open) $("ask").close();
+  const back = state.returnFocus; state.returnFocus = null;
+  if (back && back.isConnected && typeof back.focus === "function") back.focus();
+}
 
 document.addEventListener("change", (ev) => {
   if (ev.target.name === "pattern") { $("custom").hidden = ev.target.value !== "__custom"; if (!$("custom").hidden) liveTest(); checkBroad(); }
@@ -287,7 +310,17 @@ $("ask").addEventListener("keydown", (ev) => {
   const k = ev.key.toLowerCase();
   if (k === "a") { ev.preventDefault(); decide("allow_once"); } else if (k === "p") { ev.preventDefault(); decide("allow_pattern"); } else if (k === "d") { ev.preventDefault(); decide("deny"); }
 });
-$("ask").addEventListener("cancel", (ev) => ev.preventDefault()); // Escape does not silently dismiss a held request
+// Escape does not silently dismiss a held request: it says what to do.
+// The keydown is cancelled so no close request starts; should the browser
+// close the dialog anyway (a cancel event it does not let the page
+// cancel), the dialog opens again while the request is held.
+const escapeHint = () => { $("ask-error").textContent = "The request waits for your decision: Deny (D), Allow once (A) or Allow pattern (P)."; };
+$("ask").addEventListener("keydown", (ev) => { if (ev.key === "Escape") { ev.preventDefault(); escapeHint(); } }, true);
+$("ask").addEventListener("cancel", (ev) => { ev.preventDefault(); escapeHint(); });
+$("ask").addEventListener("input", () => { if ($("ask-error").textContent.startsWith("The request waits")) $("ask-error").textContent = ""; });
+$("ask").addEventListener("close", () => {
+  if (state.current) { $("ask").showModal(); escapeHint(); const f = document.querySelector('input[name="pattern"]:checked') || $("b-deny"); f.focus(); }
+});
 
 // ---- rules ----
 async function matchedCount(pattern) {
@@ -298,15 +331,50 @@ async function loadRules() {
     let rules;
     try { rules = await api("GET", sb("/" + list)); } catch { continue; }
     const rows = await Promise.all(rules.map(async (r) => {
-      const del = r.tier === "auto" ? el("span", { class: "muted" }, "managed") : el("button", { class: "danger", "aria-label": "delete " + r.pattern, onclick: async () => {
-        try { await api("DELETE", sb("/" + list + "/" + r.id)); loadRules(); } catch (e) { $("add-error").textContent = e.message; }
-      } }, "delete");
-      return el("tr", { "data-id": r.id }, el("td", { class: "mono" }, r.pattern), el("td", {}, r.type), el("td", {}, r.tier),
-        el("td", {}, (r.member ? "only " + r.member + "; " : "") + (r.source || "")), el("td", {}, r.added ? new Date(r.added).toLocaleString() : ""),
-        el("td", { class: "num" }, await matchedCount(r.pattern)), el("td", {}, del));
+      let actions;
+      if (r.tier === "auto") actions = el("td", { class: "muted" }, "managed");
+      else {
+        actions = el("td", { class: "actions" },
+          el("button", { "aria-label": "edit " + r.pattern, onclick: (ev) => editRule(ev.target.closest("tr"), list, r) }, "edit"),
+          el("button", { class: "danger", "aria-label": "delete " + r.pattern, onclick: async () => {
+            try { await api("DELETE", sb("/" + list + "/" + r.id)); loadRules(); } catch (e) { $("add-error").textContent = e.message; }
+          } }, "delete"));
+      }
+      return el("tr", { "data-id": r.id }, el("td", { class: "mono", title: r.pattern }, r.pattern), el("td", {}, r.type), el("td", {}, r.tier),
+        el("td", {}, (r.llm ? "LLM API; " : "") + (r.member ? "only " + r.member + "; " : "") + (r.source || "")), el("td", {}, r.added ? new Date(r.added).toLocaleString() : ""),
+        el("td", { class: "num" }, await matchedCount(r.pattern)), actions);
     }));
+    if (state.editing && $(body).querySelector(".editing")) continue; // an editor opened while the counts loaded
     $(body).replaceChildren(...rows);
   }
+}
+// editRule turns a rule's row into an editor. Saving replaces the rule in
+// its place through PUT; a pattern the server refuses changes nothing and
+// the editor stays open with the reason.
+function editRule(tr, list, r) {
+  if (state.editing) return;
+  state.editing = true;
+  const cell = tr.children[0], actions = tr.lastChild;
+  const input = el("input", { value: r.pattern, "aria-label": "new pattern for " + r.pattern, spellcheck: "false" });
+  const err = el("div", { class: "row-error", role: "alert" });
+  const done = () => { state.editing = false; loadRules(); };
+  const save = async (force) => {
+    const pattern = input.value.trim();
+    if (pattern === r.pattern) { done(); return; }
+    err.textContent = "";
+    try { await api("PUT", sb("/" + list + "/" + r.id), force === true ? { pattern, force } : { pattern }); done(); } catch (e) {
+      // A broad allow pattern is saved only when the person insists.
+      if (force !== true && e.message.includes("too broad") && confirm("“" + pattern + "” covers a whole public suffix or everything; allowing it defeats the sandbox. Save it anyway?")) { save(true); return; }
+      err.textContent = e.message; input.focus();
+    }
+  };
+  input.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter") { ev.preventDefault(); save(); } else if (ev.key === "Escape") { ev.preventDefault(); done(); }
+  });
+  cell.className = "editing"; cell.replaceChildren(input, err);
+  actions.replaceChildren(el("button", { class: "primary", "aria-label": "save pattern " + r.pattern, onclick: save }, "save"),
+    el("button", { "aria-label": "cancel editing " + r.pattern, onclick: done }, "cancel"));
+  input.focus(); input.select();
 }
 $("add-rule").addEventListener("submit", async (ev) => {
   ev.preventDefault(); $("add-error").textContent = "";
@@ -320,13 +388,60 @@ $("add-rule").addEventListener("submit", async (ev) => {
 async function loadSettings() {
   let s;
   try { s = await api("GET", sb("")); } catch { return; }
-  $("s-unknown").textContent = s.unknown_action + (s.unknown_action === "allow" ? " — WARNING: allow lets anything through; the sandbox only records" : s.unknown_action === "ask" ? " — held until someone decides" : "");
-  $("s-unknown").className = s.unknown_action === "allow" ? "bad" : "";
-  $("s-timeout").textContent = s.approval_timeout + " s";
+  // Another tab or the CLI may have changed them; a form the user is
+  // changing stays as it is.
+  const dirty = state.settings && (chosenAction() !== state.settings.unknown_action || $("timeout-input").value !== String(state.settings.approval_timeout));
+  state.settings = { unknown_action: s.unknown_action, approval_timeout: s.approval_timeout };
+  if (!dirty) showSettings();
   $("s-inspect").textContent = s.inspect === "all" ? "all TLS intercepted" : "only hosts with path or method rules";
   $("s-policy").textContent = s.policy; $("s-subnet").textContent = s.subnet;
-  $("mcp-rows").replaceChildren(...s.mcp_servers.map((m) => el("tr", {}, el("td", {}, m.name), el("td", {}, m.transport), el("td", {}, m.network),
+  if (!s.mcp_servers.length) $("mcp-rows").replaceChildren(el("tr", {}, el("td", { colspan: "5", class: "muted" }, "No MCP servers in this sandbox's policy file.")));
+  else $("mcp-rows").replaceChildren(...s.mcp_servers.map((m) => el("tr", {}, el("td", {}, m.name), el("td", {}, m.transport), el("td", {}, m.network),
     el("td", { class: "mono" }, m.domains.join(", ")), el("td", { class: m.risk === "high" ? "bad" : m.risk === "medium" ? "warn" : "" }, m.risk + (m.risk === "high" ? " — reaches any URL it is asked for" : "")))));
 }
+
+// showSettings puts the settings in force into the form.
+function showSettings() {
+  const s = state.settings;
+  for (const r of document.querySelectorAll('input[name="unknown_action"]')) r.checked = r.value === s.unknown_action;
+  $("timeout-input").value = s.approval_timeout;
+  $("allow-confirm").checked = false;
+  settingsForm();
+}
+function chosenAction() { const r = document.querySelector('input[name="unknown_action"]:checked'); return r ? r.value : ""; }
+// settingsForm shows the warning for allow and keeps Save off until
+// switching to allow is confirmed.
+function settingsForm() {
+  const s = state.settings || {}, action = chosenAction();
+  const toAllow = action === "allow" && s.unknown_action !== "allow";
+  $("allow-warning").hidden = action !== "allow";
+  $("allow-confirm").parentElement.hidden = !toAllow;
+  $("settings-save").disabled = toAllow && !$("allow-confirm").checked;
+}
+function settingsChanged() { $("settings-status").textContent = ""; $("settings-error").textContent = ""; settingsForm(); }
+for (const r of document.querySelectorAll('input[name="unknown_action"]')) r.addEventListener("change", settingsChanged);
+$("allow-confirm").addEventListener("change", settingsChanged);
+$("timeout-input").addEventListener("input", settingsChanged);
+$("settings-reset").addEventListener("click", () => { if (state.settings) { showSettings(); settingsChanged(); } });
+$("settings-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const s = state.settings, body = {};
+  $("settings-error").textContent = ""; $("settings-status").textContent = "";
+  if (!s) return;
+  const action = chosenAction(), raw = $("timeout-input").value.trim();
+  if (!/^[0-9]+$/.test(raw) || +raw < 1 || +raw > 600) {
+    $("settings-error").textContent = "Approval timeout: whole seconds from 1 to 600.";
+    $("timeout-input").setAttribute("aria-invalid", "true"); $("timeout-input").focus(); return;
+  }
+  $("timeout-input").removeAttribute("aria-invalid");
+  if (action !== s.unknown_action) body.unknown_action = action;
+  if (+raw !== s.approval_timeout) body.approval_timeout = +raw;
+  if (!Object.keys(body).length) { $("settings-status").textContent = "Nothing to save."; return; }
+  try {
+    const out = await api("PATCH", sb("/settings"), body);
+    state.settings = out; showSettings();
+    $("settings-status").textContent = "Saved: unknown destinations " + out.unknown_action + ", timeout " + out.approval_timeout + " s.";
+  } catch (e) { $("settings-error").textContent = e.message; }
+});
 
 start();
