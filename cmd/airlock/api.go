@@ -146,7 +146,7 @@ func apiCommands() map[string]apiCommand {
 			fs.StringVar(&flagOut, "o", "", "write to FILE (default stdout)")
 		}, run: cmdHAR},
 		"reload": {name: "reload", usage: "reload", run: cmdReload},
-		"set": {name: "set", usage: "set SANDBOX unknown_action ask|deny|allow  |  set SANDBOX approval_timeout SECONDS", min: 3, max: 3, run: cmdSet},
+		"set":    {name: "set", usage: "set SANDBOX unknown_action ask|deny|allow  |  set SANDBOX approval_timeout SECONDS", min: 3, max: 3, run: cmdSet},
 		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			var pem []byte
 			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {
