@@ -38,9 +38,15 @@ func apiSetup(t *testing.T) (*testworld.World, string, *testworld.Daemon, string
 // call sends an API request from the host namespace.
 func call(t *testing.T, w *testworld.World, token, method, path, body string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(method, apiBase+path, strings.NewReader(body))
+	return callAt(t, w.HostClient(), apiBase, token, method, path, body)
+}
+
+// callAt sends an API request to the API at base with client.
+func callAt(t *testing.T, client *http.Client, base, token, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := w.HostClient().Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -54,15 +53,7 @@ func docker(t *testing.T, args ...string) (string, error) {
 // dkCall sends an API request to the root namespace's airlockd.
 func dkCall(t *testing.T, token, method, path, body string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(method, dkAPI+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return callAt(t, http.DefaultClient, dkAPI, token, method, path, body)
 }
 
 // dkRecords returns the sandbox's journal entries of the given kinds from

@@ -236,20 +236,9 @@ func replaceRule(path string, l List, id string, r *Rule, hooks writeHooks) (*Ru
 // by r. all are the rules the list holds afterwards, written out again
 // when the list is in flow style. Comment lines after the item stay.
 func (t *policyText) replaceEntry(root *yaml.Node, keys []string, i int, r *Rule, all []*Rule) ([]byte, error) {
-	m := root
-	var kn, v *yaml.Node
-	for j, k := range keys {
-		if m == nil {
-			break
-		}
-		if m.Style&yaml.FlowStyle != 0 {
-			return nil, flowError(keys[:j])
-		}
-		kn, v = mappingValue(m, k)
-		m = v
-	}
-	if kn == nil || v == nil || v.Kind != yaml.SequenceNode || i >= len(v.Content) {
-		return nil, fmt.Errorf("%s has no item %d", strings.Join(keys, "."), i)
+	kn, v, err := listItem(root, keys, i)
+	if err != nil {
+		return nil, err
 	}
 	if v.Style&yaml.FlowStyle != 0 {
 		cut, after, err := t.cutValue(v, kn)

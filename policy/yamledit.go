@@ -510,24 +510,33 @@ func (t *policyText) insertEntry(root *yaml.Node, keys []string, r *Rule, existi
 	return nil, errors.New("no list to add to")
 }
 
-// removeEntry returns the file without item i of the list at keys. rest
-// are the rules the list keeps, written out again when the list is in flow
-// style.
-func (t *policyText) removeEntry(root *yaml.Node, keys []string, i int, rest []*Rule) ([]byte, error) {
+// listItem finds the list at keys, in block style down to it, and checks
+// that it has an item i. kn is the list's key node.
+func listItem(root *yaml.Node, keys []string, i int) (kn, v *yaml.Node, err error) {
 	m := root
-	var kn, v *yaml.Node
 	for j, k := range keys {
 		if m == nil {
 			break
 		}
 		if m.Style&yaml.FlowStyle != 0 {
-			return nil, flowError(keys[:j])
+			return nil, nil, flowError(keys[:j])
 		}
 		kn, v = mappingValue(m, k)
 		m = v
 	}
 	if kn == nil || v == nil || v.Kind != yaml.SequenceNode || i >= len(v.Content) {
-		return nil, fmt.Errorf("%s has no item %d", strings.Join(keys, "."), i)
+		return nil, nil, fmt.Errorf("%s has no item %d", strings.Join(keys, "."), i)
+	}
+	return kn, v, nil
+}
+
+// removeEntry returns the file without item i of the list at keys. rest
+// are the rules the list keeps, written out again when the list is in flow
+// style.
+func (t *policyText) removeEntry(root *yaml.Node, keys []string, i int, rest []*Rule) ([]byte, error) {
+	kn, v, err := listItem(root, keys, i)
+	if err != nil {
+		return nil, err
 	}
 	if v.Style&yaml.FlowStyle == 0 {
 		dash := v.Column - 1
