@@ -92,6 +92,11 @@ func TestDocker(t *testing.T) {
 		}
 		t.Skipf("no Docker Engine: %v", err)
 	}
+	// The engine's containers live in the machine's own namespace, so this
+	// test's airlockd does too, and its rule set is the host's.
+	if out, err := exec.Command("nft", "list", "table", "inet", "airlock").CombinedOutput(); err == nil {
+		t.Fatalf("an nftables table inet airlock exists in the host's namespace: is airlockd running on this machine? TestDocker needs that namespace to itself (airlockd --teardown removes a stale table)\n%.300s", out)
+	}
 	w := testworld.New(t)
 	w.RouteRoot()
 	probeImage(t)
@@ -125,7 +130,7 @@ func TestDocker(t *testing.T) {
 	t.Cleanup(func() {
 		// After the daemon's own cleanup kills it (cleanups run last first).
 		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
-		exec.Command("sh", "-c", "docker ps -aq --filter network=airlock-"+dk1+" | xargs -r docker rm -f; docker network rm airlock-"+dk1+" airlock-"+dk2).Run()
+		exec.Command("sh", "-c", "docker ps -aq --filter network=airlock-"+dk1+" | xargs -r docker rm -f; docker network rm airlock-"+dk1+" airlock-"+dk2+" airlock-e2e-stale").Run()
 		if d != nil {
 			if out, err := d.Teardown(); err != nil {
 				t.Errorf("teardown: %v\n%s", err, out)
@@ -358,6 +363,22 @@ func TestDocker(t *testing.T) {
 		}
 		if strings.Contains(d.Log.String(), "MCP sidecar started") {
 			t.Error("the restarted airlockd started the running sidecar again instead of adopting it")
+		}
+	})
+
+	t.Run("a bridge named like a sandbox's that no sandbox owns is closed", func(t *testing.T) {
+		// What Docker does with the network of a sandbox that is gone when
+		// a container joins it: it brings the bridge back, masquerading.
+		if out, err := docker(t, "network", "create", "-o", "com.docker.network.bridge.name=al-e2e-stale", "--subnet", "10.89.73.0/24", "airlock-e2e-stale"); err != nil {
+			t.Fatal(out)
+		}
+		defer docker(t, "network", "rm", "airlock-e2e-stale")
+		out, _ := docker(t, "run", "--rm", "--network", "airlock-e2e-stale", "--dns", testworld.DNSAddr, "-e", "PROBE_TIMEOUT=3", dkImage, "get", "http://"+testworld.WebAddr+"/stale")
+		if strings.Contains(out, "status") {
+			t.Errorf("a container on an unowned al- bridge reached the internet: %s", out)
+		}
+		if strings.Contains(strings.Join(w.Reached(), "\n"), "/stale") {
+			t.Error("the internet saw a request from an unowned al- bridge")
 		}
 	})
 

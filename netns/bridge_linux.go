@@ -20,8 +20,11 @@ const maxLinkName = 15
 // BridgeName returns the bridge of sandbox name: "al-NAME", shortened with a
 // hash of the full name when that would not fit Linux's 15 characters.
 func BridgeName(sandbox string) string {
-	return linkName("al-", sandbox)
+	return linkName(BridgePrefix, sandbox)
 }
+
+// BridgePrefix starts the name of every sandbox bridge.
+const BridgePrefix = "al-"
 
 func linkName(prefix, name string) string {
 	if len(prefix)+len(name) <= maxLinkName {

@@ -259,6 +259,30 @@ func (d *Docker) RemoveSandbox(ctx context.Context, sandbox string) error {
 	return nil
 }
 
+// RemoveOthers removes the Docker network, with its containers, of every
+// sandbox airlock made one for and keep does not name (all of them for
+// airlockd --teardown; those of sandboxes gone from the config at start).
+// A network left behind would bring its bridge back when a container
+// joins it, and only the rule set's catch-all would stand in its way.
+func (d *Docker) RemoveOthers(ctx context.Context, keep ...string) error {
+	nets, err := d.cli.NetworkList(ctx, network.ListOptions{Filters: filters.NewArgs(filters.Arg("label", LabelSandbox))})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range nets {
+		sb := n.Labels[LabelSandbox]
+		if slices.Contains(keep, sb) || n.Name != DockerNetworkName(sb) {
+			continue
+		}
+		d.log.Info("removing the Docker network of a sandbox that is gone", "network", n.Name)
+		if err := d.RemoveSandbox(ctx, sb); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Member returns the container holding addr. A container speaks before
 // the engine has told anyone it started (its start event, even its running
 // state, come after its first packets), so on a miss for an address Docker

@@ -33,6 +33,11 @@ type RulesConfig struct {
 	// (netns.MemberVethPrefix). Required: a member veth seen outside its
 	// bridge is dropped.
 	MemberVethPrefix string
+	// BridgePrefix, when set, starts the name of every sandbox bridge
+	// (netns.BridgePrefix). A bridge of that name that no sandbox here
+	// owns is dropped whole: one that Docker brings back for the network
+	// of a sandbox airlockd no longer runs must not be open.
+	BridgePrefix string
 }
 
 // Why DNAT and not TPROXY: sandbox members sit on a Linux bridge (Docker's
@@ -166,6 +171,8 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 //	  gateway; all else drop.
 //	forward (filter): bridge → same bridge accept (bridged frames under
 //	  br_netfilter); from or to a bridge drop.
+//	and last, in prerouting, input and forward: from (or to) a bridge named
+//	  like a sandbox's that no sandbox owns: drop.
 func (b *builder) build(cfg RulesConfig) {
 	pre := b.chain("prerouting", nftables.ChainHookPrerouting, nftables.ChainPriorityMangle, nftables.ChainTypeFilter)
 	natPrio := nftables.ChainPriority(*nftables.ChainPriorityNATDest - 10)
@@ -213,6 +220,14 @@ func (b *builder) build(cfg RulesConfig) {
 		b.rule(fwd, iifname(br), oifname(br), verdict(expr.VerdictAccept))
 		b.rule(fwd, iifname(br), counterDrop())
 		b.rule(fwd, oifname(br), counterDrop())
+	}
+	// Every sandbox's chains above end in a verdict, so only bridges no
+	// sandbox owns get here.
+	if p := cfg.BridgePrefix; p != "" {
+		for _, c := range []*nftables.Chain{pre, in, fwd} {
+			b.rule(c, iifnamePrefix(p), counterDrop())
+		}
+		b.rule(fwd, oifnamePrefix(p), counterDrop())
 	}
 }
 

@@ -223,7 +223,7 @@ func (d *daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
 }
 
 func (d *daemon) ensureRulesLocked(sbs []config.Sandbox) error {
-	rules := tproxy.RulesConfig{ProxyPort: d.cfg.ProxyPort, MemberVethPrefix: netns.MemberVethPrefix}
+	rules := tproxy.RulesConfig{ProxyPort: d.cfg.ProxyPort, MemberVethPrefix: netns.MemberVethPrefix, BridgePrefix: netns.BridgePrefix}
 	for _, sb := range sbs {
 		n, err := netns.NewNetwork(sb.Name, sb.Subnet)
 		if err != nil {

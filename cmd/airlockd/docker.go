@@ -53,6 +53,15 @@ func (d *daemon) startDockerLocked() {
 	if d.docker == nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(d.ctx, time.Minute)
+	defer cancel()
+	var names []string
+	for _, s := range d.sandboxes {
+		names = append(names, s.cfg.Name)
+	}
+	if err := d.docker.RemoveOthers(ctx, names...); err != nil {
+		d.log.Error("remove Docker networks of sandboxes that are gone", "err", err)
+	}
 	for _, s := range d.sandboxes {
 		if err := d.dockerSandboxLocked(s); err != nil {
 			d.log.Error("Docker network of sandbox", "sandbox", s.cfg.Name, "err", err)

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	sdjournal "github.com/coreos/go-systemd/v22/journal"
@@ -175,9 +176,20 @@ func teardownAll(cfg *config.Config) error {
 	for _, b := range tproxy.TableBridges(conn) {
 		bridges[b] = true
 	}
-	// Bridges first: a bridge without rules would be open. If one cannot
-	// be removed, the rules stay.
 	var errs []error
+	// Docker networks first: one left behind would bring its bridge back,
+	// without rules, when a container joins it.
+	if dk, err := netns.ConnectDocker(context.Background(), slog.New(slog.DiscardHandler)); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := dk.RemoveOthers(ctx)
+		cancel()
+		dk.Close()
+		if err != nil {
+			return fmt.Errorf("rules kept because a sandbox's Docker network could not be removed: %w", err)
+		}
+	}
+	// Bridges next: a bridge without rules would be open. If one cannot
+	// be removed, the rules stay.
 	for b := range bridges {
 		if err := netns.DeleteBridge(h, b); err != nil {
 			errs = append(errs, err)

@@ -1,7 +1,8 @@
 // Command probe is the program inside the Docker e2e tests' test image
 // (FROM scratch): what a sandboxed container would do, reported on stdout.
 //
-//	get URL            GET URL; prints "status N body" or "error: …", exits 1 on error
+//	get URL            GET URL; prints "status N body" or "error: …", exits 1 on
+//	                   error (after $PROBE_TIMEOUT seconds, default 20)
 //	resolve NAME       prints the addresses of NAME or "error: …"
 //	status             prints CapEff, uid, whether / is writable and how
 //	                   many processes it could start before the pids limit
@@ -71,7 +72,11 @@ func main() {
 }
 
 func get(url string) error {
-	c := &http.Client{Timeout: 20 * time.Second}
+	timeout := 20 * time.Second
+	if s, err := strconv.Atoi(os.Getenv("PROBE_TIMEOUT")); err == nil {
+		timeout = time.Duration(s) * time.Second
+	}
+	c := &http.Client{Timeout: timeout}
 	resp, err := c.Get(url)
 	if err != nil {
 		return err
