@@ -396,6 +396,19 @@ func TestDocker(t *testing.T) {
 			t.Errorf("container e2e-sleeper outlived its sandbox: %.200s", out)
 		}
 	})
+
+	t.Run("teardown removes the Docker networks and their containers", func(t *testing.T) {
+		d.Stop()
+		if out, err := d.Teardown(); err != nil {
+			t.Fatalf("teardown: %v\n%s", err, out)
+		}
+		if out, err := docker(t, "network", "inspect", "airlock-"+dk1); err == nil {
+			t.Errorf("network airlock-%s outlived the teardown: %.200s", dk1, out)
+		}
+		if out, err := docker(t, "inspect", sidecar); err == nil {
+			t.Errorf("sidecar %s outlived the teardown: %.200s", sidecar, out)
+		}
+	})
 }
 
 // An airlockd that cannot use the Docker Engine (here: the engine runs in
