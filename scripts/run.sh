@@ -25,8 +25,11 @@ In another terminal, as root:
   bin/airlock run --sandbox default -- dig TXT example.com            # REFUSED: no rule allows it
   bin/airlock run --sandbox default -- curl -m 5 http://example.com/  # reset: nothing leaves the host
 
-The API's URL and token are printed below once airlockd is ready; bin/airlock uses them
-(bin/airlock ls, bin/airlock pending, bin/airlock approve ID). The web page comes later.
+  docker run --rm --network airlock-default IMAGE ...                # a container in the sandbox
+
+The API's URL and token are printed below once airlockd is ready: open the URL for the web
+page (sign in with the token); bin/airlock uses them too (bin/airlock ls, bin/airlock pending,
+bin/airlock approve ID).
 Ctrl-C stops airlockd; its rules stay, so the sandbox stays closed.
 Remove everything: bin/airlockd --teardown
 
