@@ -192,17 +192,20 @@ func TestDocker(t *testing.T) {
 	t.Run("an unknown host is held, then denied", func(t *testing.T) {
 		done := make(chan string, 1)
 		go func() {
-			out, _ := run("e2e-unknown", dkImage, "get", "http://unknown.example/held")
+			out, _ := run("e2e-unknown", "--label", "airlock.agent=claude", dkImage, "get", "http://unknown.example/held")
 			done <- out
 		}()
 		var id string
 		for deadline := time.Now().Add(20 * time.Second); id == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			_, body := dkCall(t, token, "GET", "/sandboxes/"+dk1+"/approvals", "")
-			var p []struct{ ID, Source, Host string }
+			var p []struct{ ID, Source, Host, Agent string }
 			json.Unmarshal([]byte(body), &p)
 			for _, a := range p {
 				if a.Source == "e2e-unknown" && a.Host == "unknown.example" {
 					id = a.ID
+					if a.Agent != "claude" {
+						t.Errorf("approval names agent %q, want claude (the container's airlock.agent)", a.Agent)
+					}
 				}
 			}
 		}

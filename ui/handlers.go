@@ -301,15 +301,28 @@ type approvalView struct {
 	Suggestions []policy.Suggestion `json:"suggestions"`
 	Headers     map[string][]string `json:"headers,omitempty"`
 	LLM         bool                `json:"llm"`
+	Agent       string              `json:"agent,omitempty"` // the agent driving Source, when known
+}
+
+// AgentNamer is what a Sandbox may also do: name the agent that drives a
+// member (a container's airlock.agent label).
+type AgentNamer interface {
+	AgentOf(source string) string
 }
 
 func (s *Server) listApprovals(c echo.Context) error {
 	out := []approvalView{}
 	now := time.Now()
-	for _, p := range sandboxOf(c).Broker().List() {
-		out = append(out, approvalView{ID: p.ID, Source: p.Source, Sources: p.Sources, Host: p.Host, Port: p.Port,
+	sb := sandboxOf(c)
+	agents, _ := sb.(AgentNamer)
+	for _, p := range sb.Broker().List() {
+		v := approvalView{ID: p.ID, Source: p.Source, Sources: p.Sources, Host: p.Host, Port: p.Port,
 			Method: p.Method, URL: p.URL, Created: p.Created, SecondsLeft: max(0, p.Deadline.Sub(now).Seconds()),
-			Waiting: p.Waiting, Suggestions: p.Suggestions, Headers: p.Headers, LLM: policy.IsLLMHost(p.Host)})
+			Waiting: p.Waiting, Suggestions: p.Suggestions, Headers: p.Headers, LLM: policy.IsLLMHost(p.Host)}
+		if agents != nil {
+			v.Agent = agents.AgentOf(p.Source)
+		}
+		out = append(out, v)
 	}
 	return c.JSON(http.StatusOK, out)
 }

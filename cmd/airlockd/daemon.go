@@ -71,6 +71,7 @@ type sandbox struct {
 	ca      *tproxy.CA
 	proxy   *tproxy.Proxy
 	closers []func() error
+	docker  *netns.Docker // the daemon's, or nil
 	gauges  []prometheus.Collector
 	// policyFP is the policy file as last read; d.mu guards it.
 	policyFP fingerprint
@@ -246,7 +247,7 @@ func (d *daemon) runningConfigsLocked() []config.Sandbox {
 // bridge, policy, journal, DNS gate, broker, CA and proxy.
 func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox, err error) {
 	cfg, log := d.cfg, d.log
-	s := &sandbox{cfg: sb, fromAPI: fromAPI}
+	s := &sandbox{cfg: sb, fromAPI: fromAPI, docker: d.docker}
 	defer func() {
 		if err != nil {
 			s.stop(log) // s, not the result, which is nil on error

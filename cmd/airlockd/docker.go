@@ -203,6 +203,15 @@ func (d *daemon) superviseMember(s *sandbox, m netns.Member) {
 	}()
 }
 
+// AgentOf names the agent that drives a member of the sandbox, when a
+// container's airlock.agent label says. It implements ui.AgentNamer.
+func (s *sandbox) AgentOf(source string) string {
+	if s.docker == nil {
+		return ""
+	}
+	return s.docker.AgentOf(s.cfg.Name, source)
+}
+
 // The ui.Containers methods.
 
 func (d *daemon) ListContainers(sandbox string) ([]ui.Container, error) {

@@ -226,7 +226,7 @@ function alertPerson(e) {
 function openAsk(p) {
   if (!$("ask").open) state.returnFocus = document.activeElement;
   state.current = p;
-  $("ask-source").textContent = p.source || "a member";
+  $("ask-source").textContent = (p.source || "a member") + (p.agent ? " (driven by " + p.agent + ")" : "");
   $("ask-url").textContent = (p.method ? p.method + " " : "") + p.url;
   const others = (p.sources || []).filter((s) => s !== p.source);
   $("ask-via").textContent = others.length ? "Also waiting for it: " + others.join(", ") : ""; $("ask-via").hidden = !others.length;
