@@ -625,3 +625,67 @@ func mustPattern(t testing.TB, s string) policy.Pattern {
 	}
 	return p
 }
+
+type fakeContainers struct {
+	started []ContainerRequest
+	waits   int
+}
+
+func (f *fakeContainers) ListContainers(sb string) ([]Container, error) {
+	return []Container{{ID: "abc", Name: "agent-1", Source: "agent-1"}}, nil
+}
+
+func (f *fakeContainers) StartContainer(sb string, req ContainerRequest) (Container, error) {
+	if req.Kind != "" && req.Kind != "agent" && req.Kind != "mcp" {
+		return Container{}, &ManagerError{Msg: "kind " + req.Kind + ": want agent or mcp"}
+	}
+	f.started = append(f.started, req)
+	return Container{ID: "abc", Name: req.Name}, nil
+}
+
+func (f *fakeContainers) WaitContainer(ctx context.Context, sb, id string) (ContainerResult, error) {
+	f.waits++
+	if id == "slow" {
+		<-ctx.Done()
+		return ContainerResult{}, ctx.Err()
+	}
+	if id != "abc" {
+		return ContainerResult{}, &ManagerError{Msg: "no member " + id, NotFound: true}
+	}
+	return ContainerResult{ID: id, ExitCode: 3, Output: "bye"}, nil
+}
+
+func (f *fakeContainers) RemoveContainer(sb, id string) error { return nil }
+
+func TestContainersThroughTheAPI(t *testing.T) {
+	h := newAPI(t, "")
+	if code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/containers", ""); code != 503 || !strings.Contains(body, "no Docker Engine") {
+		t.Errorf("without Docker: %d %s", code, body)
+	}
+	f := &fakeContainers{}
+	h.srv.cfg.Containers = f
+	h.srv.e = h.srv.routes()
+	h.ts.Config.Handler = h.srv.e
+	for _, bad := range []string{`{}`, `{"image": "x", "privileged": true}`, `{"image": "x", "kind": "root"}`, `not json`} {
+		if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/containers", bad); code != 400 {
+			t.Errorf("start %s: %d %s, want 400", bad, code, body)
+		}
+	}
+	if len(f.started) != 0 {
+		t.Fatalf("a refused body started %d members", len(f.started))
+	}
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/containers", `{"image": "agent:1", "cmd": ["run"], "agent": "claude"}`); code != 201 || len(f.started) != 1 || f.started[0].Agent != "claude" {
+		t.Errorf("start: %d %s %+v", code, body, f.started)
+	}
+	if code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/containers/abc/wait", ""); code != 200 || !strings.Contains(body, `"exit_code":3`) {
+		t.Errorf("wait: %d %s", code, body)
+	}
+	if code, _ := h.do(t, "GET", "/api/v1/sandboxes/myapp/containers/nope/wait", ""); code != 404 {
+		t.Errorf("wait for an unknown member: %d", code)
+	}
+	WaitPoll = 50 * time.Millisecond
+	defer func() { WaitPoll = 20 * time.Second }()
+	if code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/containers/slow/wait", ""); code != 200 || !strings.Contains(body, `"running":true`) {
+		t.Errorf("wait past the poll: %d %s, want running", code, body)
+	}
+}
