@@ -71,8 +71,10 @@ type Docker struct {
 	mu       sync.Mutex
 	networks map[string]sandboxNet // by Docker network name
 	members  map[netip.Addr]Member
-	byID     map[string]netip.Addr
+	byID     map[string][]netip.Addr
 	missed   map[netip.Addr]time.Time // when an unknown address was last looked for
+	adoptMu  sync.Mutex               // one Adopt at a time
+	adopted  time.Time                // when the last Adopt ended; guarded by adoptMu
 	changed  chan struct{}            // closed, and replaced, when a member joins
 	onChange []func(Member, string)
 }
@@ -104,7 +106,7 @@ func ConnectDocker(ctx context.Context, log *slog.Logger) (*Docker, error) {
 		cli: cli, log: log,
 		networks: map[string]sandboxNet{},
 		members:  map[netip.Addr]Member{},
-		byID:     map[string]netip.Addr{},
+		byID:     map[string][]netip.Addr{},
 		missed:   map[netip.Addr]time.Time{},
 		changed:  make(chan struct{}),
 	}, nil
@@ -129,6 +131,15 @@ func (d *Docker) OnChange(f func(m Member, event string)) {
 // of the subnet, above the addresses of `airlock run` members.
 func (n Network) DockerRange() netip.Prefix {
 	return netip.PrefixFrom(addU32(n.Subnet.Addr(), uint32(1)<<(32-n.Subnet.Bits())/2), n.Subnet.Bits()+1)
+}
+
+// Register tells d of a sandbox network before its Docker network is made,
+// so that Member waits for and reads the containers of its address range
+// from the moment the sandbox's gate and proxy listen.
+func (d *Docker) Register(sandbox string, n Network) {
+	d.mu.Lock()
+	d.networks[DockerNetworkName(sandbox)] = sandboxNet{sandbox, n}
+	d.mu.Unlock()
 }
 
 // EnsureNetwork creates the Docker network of a sandbox on its bridge, or
@@ -224,10 +235,17 @@ func (d *Docker) RemoveSandbox(ctx context.Context, sandbox string) error {
 	if err != nil {
 		return fmt.Errorf("docker network %s: %w", name, err)
 	}
-	// Forgotten first, so the events of the removal recreate nothing.
+	// Forgotten first, so the events of the removal recreate nothing; put
+	// back if the removal fails, as the sandbox then stays.
 	d.mu.Lock()
+	sn, had := d.networks[name]
 	delete(d.networks, name)
 	d.mu.Unlock()
+	restore := func() {
+		if had {
+			d.Register(sandbox, sn.net)
+		}
+	}
 	ids := slices.Collect(maps.Keys(cur.Containers))
 	// Containers airlock made for the sandbox but not running now.
 	made, err := d.cli.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", LabelSandbox+"="+sandbox))})
@@ -243,16 +261,18 @@ func (d *Docker) RemoveSandbox(ctx context.Context, sandbox string) error {
 		}
 	}
 	if len(errs) > 0 {
+		restore()
 		return errors.Join(errs...)
 	}
 	if err := d.cli.NetworkRemove(ctx, cur.ID); err != nil && !errdefs.IsNotFound(err) {
+		restore()
 		return fmt.Errorf("docker network %s: remove: %w", name, err)
 	}
 	d.mu.Lock()
 	for a, m := range d.members {
 		if m.Sandbox == sandbox {
 			delete(d.members, a)
-			delete(d.byID, m.ID)
+			delete(d.byID, m.ID) // all its addresses are in this sandbox's subnet
 		}
 	}
 	d.mu.Unlock()
@@ -360,8 +380,17 @@ func (d *Docker) Members(sandbox string) []Member {
 }
 
 // Adopt reads every running container on a sandbox network, which is how
-// airlockd names members that started before it did.
+// airlockd names members that started before it did, and forgets members
+// that are no longer there (their die event may have been lost while the
+// engine's event stream was down). Calls that come while one runs share
+// its result, and it runs at most ten times a second.
 func (d *Docker) Adopt(ctx context.Context) error {
+	d.adoptMu.Lock()
+	defer d.adoptMu.Unlock()
+	if time.Since(d.adopted) < 100*time.Millisecond {
+		return nil // a re-read that began after the caller asked has just ended
+	}
+	defer func() { d.adopted = time.Now() }()
 	d.mu.Lock()
 	nets := maps.Clone(d.networks)
 	d.mu.Unlock()
@@ -378,6 +407,17 @@ func (d *Docker) Adopt(ctx context.Context) error {
 			seen[c.ID] = true
 			d.track(ctx, c.ID, "start")
 		}
+	}
+	d.mu.Lock()
+	var stale []string
+	for id := range d.byID {
+		if !seen[id] {
+			stale = append(stale, id)
+		}
+	}
+	d.mu.Unlock()
+	for _, id := range stale {
+		d.track(ctx, id, "gone") // inspects it once more: forgets it unless it runs
 	}
 	return nil
 }
@@ -398,9 +438,11 @@ func (d *Docker) track(ctx context.Context, id, event string) {
 	nets := maps.Clone(d.networks)
 	d.mu.Unlock()
 	var found []Member
+	var others []string
 	for netName, ep := range info.NetworkSettings.Networks {
 		sn, ok := nets[netName]
 		if !ok || ep == nil {
+			others = append(others, netName)
 			continue
 		}
 		sb := sn.sandbox
@@ -423,15 +465,33 @@ func (d *Docker) track(ctx context.Context, id, event string) {
 		d.forget(id, event, 0)
 		return
 	}
+	// A member on a network of another kind as well would have a way out
+	// that no rule of airlock's sees: it leaves that network.
+	for _, n := range others {
+		d.log.Error("a sandbox member was also on another Docker network; disconnecting it from that one", "container", found[0].Name, "sandbox", found[0].Sandbox, "network", n)
+		if err := d.cli.NetworkDisconnect(ctx, n, info.ID, true); err != nil {
+			d.log.Error("disconnect a sandbox member from another network failed; stopping it", "container", found[0].Name, "network", n, "err", err)
+			d.cli.ContainerKill(ctx, info.ID, "KILL")
+			d.forget(id, "killed", 137)
+			return
+		}
+	}
 	d.mu.Lock()
 	var added []Member
+	addrs := make([]netip.Addr, 0, len(found))
 	for _, m := range found {
 		if old, ok := d.members[m.Addr]; !ok || old.ID != m.ID {
 			added = append(added, m)
 		}
 		d.members[m.Addr] = m
-		d.byID[m.ID] = m.Addr
+		addrs = append(addrs, m.Addr)
 	}
+	for _, a := range d.byID[info.ID] {
+		if !slices.Contains(addrs, a) && d.members[a].ID == info.ID {
+			delete(d.members, a) // left one of the sandbox networks
+		}
+	}
+	d.byID[info.ID] = addrs
 	if len(added) > 0 {
 		close(d.changed)
 		d.changed = make(chan struct{})
@@ -448,14 +508,14 @@ func (d *Docker) track(ctx context.Context, id, event string) {
 func (d *Docker) forget(id, event string, exitCode int) {
 	d.mu.Lock()
 	var gone []Member
-	if a, ok := d.byID[id]; ok {
+	for _, a := range d.byID[id] {
 		if m, ok := d.members[a]; ok && m.ID == id {
 			m.Running, m.ExitCode = false, exitCode
 			gone = append(gone, m)
 			delete(d.members, a)
 		}
-		delete(d.byID, id)
 	}
+	delete(d.byID, id)
 	hooks := d.onChange
 	d.mu.Unlock()
 	for _, m := range gone {
@@ -500,7 +560,7 @@ func (d *Docker) event(ctx context.Context, m events.Message) {
 	switch {
 	case m.Type == events.ContainerEventType && (m.Action == events.ActionStart || m.Action == events.ActionRestart || m.Action == events.ActionUnPause):
 		d.track(ctx, m.Actor.ID, string(m.Action))
-	case m.Type == events.ContainerEventType && (m.Action == events.ActionDie || m.Action == events.ActionKill || m.Action == events.ActionDestroy):
+	case m.Type == events.ContainerEventType && (m.Action == events.ActionDie || m.Action == events.ActionDestroy):
 		code, _ := strconv.Atoi(m.Actor.Attributes["exitCode"])
 		d.forget(m.Actor.ID, string(m.Action), code)
 	case m.Type == events.NetworkEventType && (m.Action == events.ActionConnect || m.Action == events.ActionDisconnect):
@@ -525,11 +585,14 @@ func (d *Docker) event(ctx context.Context, m events.Message) {
 // process's network namespace: Docker attaches containers to the bridge of
 // that name in its own namespace, so an airlockd elsewhere (a test's
 // namespace, say) would be handing out networks on bridges it does not
-// cage. Engines reached over TCP are taken to be local.
+// cage. What cannot be checked is refused: an engine over TCP, or one whose
+// process this one cannot see. /proc/PID/net names the namespace of PID
+// and, unlike /proc/PID/ns/net, can be read without ptrace rights, which
+// airlockd lacks under its systemd unit.
 func sameNetns(host string) error {
 	path, ok := strings.CutPrefix(host, "unix://")
 	if !ok {
-		return nil
+		return fmt.Errorf("the Docker Engine at %s is not on a local unix socket: airlock cannot check that its containers join bridges it cages", host)
 	}
 	c, err := net.DialTimeout("unix", path, 2*time.Second)
 	if err != nil {
@@ -543,13 +606,38 @@ func sameNetns(host string) error {
 	var cred *unix.Ucred
 	var cerr error
 	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if cerr != nil || cred == nil || cred.Pid == 0 {
-		return nil // the engine's process is not visible from here; take it as local
+	if cerr != nil || cred == nil || cred.Pid <= 0 {
+		return fmt.Errorf("the Docker Engine at %s: cannot tell which process serves it (%v), so not whether it shares airlockd's network namespace", host, cerr)
 	}
-	theirs, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", cred.Pid))
-	ours, err2 := os.Readlink("/proc/self/ns/net")
-	if err1 != nil || err2 != nil || theirs == ours {
-		return nil
+	theirs, ours := fmt.Sprintf("/proc/%d/net/dev", cred.Pid), "/proc/self/net/dev"
+	for try := 0; ; try++ {
+		a, err1 := linkNames(theirs)
+		b, err2 := linkNames(ours)
+		if err := errors.Join(err1, err2); err != nil {
+			return fmt.Errorf("the Docker Engine at %s: %w", host, err)
+		}
+		if slices.Equal(a, b) {
+			return nil
+		}
+		if try == 2 { // links come and go; a namespace of its own differs every time
+			return fmt.Errorf("the Docker Engine at %s (pid %d) runs in another network namespace than airlockd: its containers could not join this airlockd's sandbox bridges", host, cred.Pid)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("the Docker Engine at %s runs in another network namespace (%s, airlockd is in %s): its containers could not join this airlockd's sandbox bridges", host, theirs, ours)
+}
+
+// linkNames returns the sorted interface names of a /proc/…/net/dev file.
+func linkNames(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if name, _, ok := strings.Cut(line, ":"); ok {
+			names = append(names, strings.TrimSpace(name))
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -134,10 +135,17 @@ func (s *Sandbox) SetTrust(source string, t Trust) {
 }
 
 // Trust returns a member's trust level: the policy file's for its MCP
-// servers ("mcp:NAME"), else what SetTrust recorded, else builtin.
+// servers ("mcp:NAME"), else what SetTrust recorded, else builtin. A member
+// airlock could not name (its source is its bare address: no lease, no
+// container) is user_added: it gets only rules that name that address.
 func (s *Sandbox) Trust(source string) Trust {
 	if source == "" {
 		return TrustBuiltin
+	}
+	if c := source[len(source)-1]; c >= '0' && c <= '9' || c == ':' {
+		if _, err := netip.ParseAddr(source); err == nil {
+			return TrustUserAdded
+		}
 	}
 	if t := s.fileTrust.Load(); t != nil {
 		if v, ok := (*t)[source]; ok {

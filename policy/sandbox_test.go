@@ -314,6 +314,13 @@ func TestSandboxUserAddedMemberGetsOnlyItsRules(t *testing.T) {
 		t.Errorf("request from mcp:custom to everyone's host: %v", d)
 	}
 
+	// A member airlock could not name is known by its bare address only.
+	for _, src := range []string{"10.88.0.200", "fd00::1"} {
+		if v := s.Decide(Query{Source: src, Host: "api.example.com", Port: 443}).Verdict; v != Deny {
+			t.Errorf("unnamed member %s: %v, want deny", src, v)
+		}
+	}
+
 	// A container labelled user_added at run time.
 	s.SetTrust("scraper", TrustUserAdded)
 	if v := s.Decide(Query{Source: "scraper", Host: "api.example.com", Port: 443}).Verdict; v != Deny {

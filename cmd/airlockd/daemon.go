@@ -264,6 +264,17 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy}); err != nil {
 		return nil, err
 	}
+	if d.docker != nil {
+		// Before the gate and proxy listen: containers already running on
+		// the sandbox's network are named, and trusted as labelled, from
+		// their first packet.
+		d.docker.Register(sb.Name, s.net)
+		for _, m := range d.docker.Members(sb.Name) {
+			if t, err := policy.ParseTrust(m.Trust); err == nil {
+				s.policy.SetTrust(m.Source, t)
+			}
+		}
+	}
 	guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{
 		MaxLabelLen:   cfg.Exfil.MaxLabelLen,
 		MaxSubdomains: cfg.Exfil.MaxSubdomainsPerMinute,
