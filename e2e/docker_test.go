@@ -338,7 +338,14 @@ func TestDocker(t *testing.T) {
 			t.Errorf("a member past run_timeout (8 s): exit %d after %v: %s", code, time.Since(start), out)
 		}
 		// The limits as the engine holds them.
-		out, code = airlock("-d", "--workspace", w.Dir, "--name", "e2e-limits", dk1, dkImage, "sleep", "5")
+		for _, bad := range []string{"/", "/var", filepath.Join(w.Dir, "state")} {
+			if out, code := airlock("--workspace", bad, dk1, dkImage, "status"); code != 1 || !strings.Contains(out, "members must not see") {
+				t.Errorf("workspace %s: exit %d %s, want refused", bad, code, out)
+			}
+		}
+		project := filepath.Join(w.Dir, "project")
+		os.Mkdir(project, 0o755)
+		out, code = airlock("-d", "--workspace", project, "--name", "e2e-limits", dk1, dkImage, "sleep", "5")
 		if code != 0 {
 			t.Fatalf("airlock docker run -d: %d %s", code, out)
 		}

@@ -60,3 +60,42 @@ func TestSameNetns(t *testing.T) {
 		t.Errorf("an engine in another namespace: %v, want refused", err)
 	}
 }
+
+func TestLaunchRefusesRootAndBadInput(t *testing.T) {
+	ok := Launch{Sandbox: "s", Image: "img", CAFile: "/ca.pem", CABundle: "/bundle.pem"}
+	if err := ok.check(); err != nil {
+		t.Fatalf("a plain launch: %v", err)
+	}
+	for _, tc := range []struct {
+		mod  func(*Launch)
+		want string
+	}{
+		{func(l *Launch) { l.User = "root" }, "other than 0"},
+		{func(l *Launch) { l.User = "0" }, "other than 0"},
+		{func(l *Launch) { l.User = "00:00" }, "other than 0"},
+		{func(l *Launch) { l.User = "1000:0" }, "other than 0"},
+		{func(l *Launch) { l.User = "node" }, "numeric"},
+		{func(l *Launch) { l.Image = "" }, "no image"},
+		{func(l *Launch) { l.Name = "../x" }, "container name"},
+		{func(l *Launch) { l.Workspace = "rel/dir" }, "not an absolute path"},
+		{func(l *Launch) { l.Env = []string{"NOEQUALS"} }, "KEY=VALUE"},
+		{func(l *Launch) { l.Trust = "root" }, "trust"},
+		{func(l *Launch) { l.MemoryMB = -1 }, "negative"},
+	} {
+		l := ok
+		tc.mod(&l)
+		if err := l.check(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want an error with %q", l, err, tc.want)
+		}
+	}
+	l := ok
+	l.User = "1000:1000"
+	if err := l.check(); err != nil {
+		t.Errorf("user 1000:1000: %v", err)
+	}
+	for user, root := range map[string]bool{"": true, "root": true, "0": true, "000": true, "0:0": true, "1000:0": true, "app:root": true, "node": false, "1000": false, "1000:1000": false} {
+		if isRoot(user) != root {
+			t.Errorf("isRoot(%q) = %v", user, !root)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"path"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,7 +84,34 @@ func (l *Launch) check() error {
 	default:
 		return fmt.Errorf("trust %q: want builtin, verified or user_added", l.Trust)
 	}
+	if l.User != "" {
+		uid, gid, hasGID := strings.Cut(l.User, ":")
+		ids := []string{uid}
+		if hasGID {
+			ids = append(ids, gid)
+		}
+		for _, id := range ids {
+			if n, err := strconv.ParseUint(id, 10, 32); err != nil || n == 0 {
+				return fmt.Errorf("user %q: want a numeric UID[:GID] other than 0 (members never run as root)", l.User)
+			}
+		}
+	}
 	return nil
+}
+
+// isRoot reports whether an image's USER ("name", "uid", "uid:gid") runs as
+// root: empty, root, or a number that is 0 however it is written.
+func isRoot(user string) bool {
+	u, g, _ := strings.Cut(user, ":")
+	if u == "" || u == "root" || g == "root" {
+		return true
+	}
+	for _, id := range []string{u, g} {
+		if n, err := strconv.ParseUint(id, 10, 32); err == nil && n == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Launch creates and starts a hardened member of a sandbox on its Docker
@@ -106,10 +134,8 @@ func (d *Docker) Launch(ctx context.Context, l Launch) (string, error) {
 	if user == "" && img.Config != nil {
 		user = img.Config.User
 	}
-	if u, _, _ := strings.Cut(user, ":"); u == "" || u == "root" || u == "0" {
-		if l.User == "" {
-			user = nobody
-		}
+	if isRoot(user) {
+		user = nobody
 	}
 	env := append([]string(nil), l.Env...)
 	for _, k := range CAEnv {

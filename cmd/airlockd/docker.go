@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -237,9 +238,11 @@ func (d *daemon) StartContainer(sandbox string, req ui.ContainerRequest) (ui.Con
 		return ui.Container{}, &ui.ManagerError{Msg: fmt.Sprintf("kind %q: want agent or mcp", req.Kind)}
 	}
 	if req.Workspace != "" {
-		if fi, err := os.Stat(req.Workspace); err != nil || !fi.IsDir() {
-			return ui.Container{}, &ui.ManagerError{Msg: fmt.Sprintf("workspace %q is not a directory on this host", req.Workspace)}
+		ws, err := d.checkWorkspace(req.Workspace)
+		if err != nil {
+			return ui.Container{}, &ui.ManagerError{Msg: err.Error(), Hint: "pass the project directory, e.g. --workspace \"$PWD\""}
 		}
+		req.Workspace = ws
 	}
 	env := slices.Clone(req.Env)
 	if stdio := stdioServers(spec.MCPServers); stdio != "" && req.Kind != "mcp" {
@@ -265,6 +268,39 @@ func (d *daemon) StartContainer(sandbox string, req ui.ContainerRequest) (ui.Con
 		}
 	}
 	return out, nil
+}
+
+// checkWorkspace resolves a workspace directory and refuses one that is,
+// holds or lies inside what a member must never see: the host's system
+// directories, sockets (a Docker socket is a way out of any container), and
+// airlockd's own state (the token, the CA keys).
+func (d *daemon) checkWorkspace(dir string) (string, error) {
+	if !filepath.IsAbs(dir) {
+		return "", fmt.Errorf("workspace %q is not an absolute path", dir)
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", fmt.Errorf("workspace %q: %w", dir, err)
+	}
+	if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("workspace %q is not a directory on this host", dir)
+	}
+	private := []string{"/proc", "/sys", "/dev", "/run", "/var/run", "/etc", "/boot", "/root", "/var/lib/docker", "/var/lib/containerd", d.cfg.StateDir, d.cfg.RunDir}
+	for _, p := range private {
+		if rp, err := filepath.EvalSymlinks(p); err == nil {
+			p = rp
+		}
+		if within(real, p) || within(p, real) {
+			return "", fmt.Errorf("workspace %q (%s) is, holds or lies inside %s, which members must not see", dir, real, p)
+		}
+	}
+	return real, nil
+}
+
+// within reports whether path is dir or below it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 // stdioServers is the JSON the agent container finds in AIRLOCK_MCP_SERVERS:
