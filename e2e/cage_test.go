@@ -304,6 +304,21 @@ func TestNoIPv6NoSpoofing(t *testing.T) {
 	if strings.Contains(d.Log.String(), "spoofed.test") {
 		t.Error("a query from a spoofed source reached the gate")
 	}
+	// The gateway's own address, which the proxy would take for the host.
+	gwBefore := dropCount(t, w, "saddr 10.88.0.1 ")
+	for _, s := range [][]string{
+		{"ip", "-n", rogue, "addr", "add", "10.88.0.1/32", "dev", "altrg1"},
+		{"ip", "-n", rogue, "route", "add", testworld.DecoyAddr + "/32", "dev", "altrg1", "src", "10.88.0.1"},
+		{"ip", "-n", rogue, "neigh", "add", testworld.DecoyAddr, "lladdr", "02:00:00:00:00:01", "dev", "altrg1"},
+	} {
+		if out, err := sh(s...); err != nil {
+			t.Fatalf("%v: %s", s, out)
+		}
+	}
+	sh("ip", "netns", "exec", rogue, "curl", "-s", "-m", "2", "http://"+testworld.DecoyAddr+"/")
+	if after := dropCount(t, w, "saddr 10.88.0.1 "); after <= gwBefore {
+		t.Errorf("gateway-source drop counter %d → %d: want the SYN dropped", gwBefore, after)
+	}
 	for _, l := range w.Reached() {
 		t.Errorf("reached the internet: %s", l)
 	}

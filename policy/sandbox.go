@@ -23,6 +23,9 @@ type SandboxConfig struct {
 	Path string
 	// Now is the clock for the Added time of new rules; nil means time.Now.
 	Now func() time.Time
+	// UnnamedUntrusted makes a member known only by its bare address (no
+	// lease, no container: airlock could not name it) user_added.
+	UnnamedUntrusted bool
 }
 
 // Sandbox is one sandbox's policy: the settings and rules of its policy file,
@@ -32,6 +35,8 @@ type Sandbox struct {
 	name string
 	path string
 	now  func() time.Time
+	// unnamedUntrusted: see SandboxConfig.UnnamedUntrusted.
+	unnamedUntrusted bool
 
 	rs         atomic.Pointer[Ruleset]
 	inspectAll atomic.Bool
@@ -62,7 +67,7 @@ func OpenSandbox(cfg SandboxConfig) (*Sandbox, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Sandbox{name: cfg.Name, path: cfg.Path, now: cfg.Now}
+	s := &Sandbox{name: cfg.Name, path: cfg.Path, now: cfg.Now, unnamedUntrusted: cfg.UnnamedUntrusted}
 	spec, err := loadOrDefault(cfg.Path)
 	if err != nil {
 		return nil, err
@@ -137,12 +142,13 @@ func (s *Sandbox) SetTrust(source string, t Trust) {
 // Trust returns a member's trust level: the policy file's for its MCP
 // servers ("mcp:NAME"), else what SetTrust recorded, else builtin. A member
 // airlock could not name (its source is its bare address: no lease, no
-// container) is user_added: it gets only rules that name that address.
+// container) is user_added with SandboxConfig.UnnamedUntrusted: it gets
+// only rules that name that address.
 func (s *Sandbox) Trust(source string) Trust {
 	if source == "" {
 		return TrustBuiltin
 	}
-	if c := source[len(source)-1]; c >= '0' && c <= '9' || c == ':' {
+	if c := source[len(source)-1]; s.unnamedUntrusted && (c >= '0' && c <= '9' || c == ':') {
 		if _, err := netip.ParseAddr(source); err == nil {
 			return TrustUserAdded
 		}

@@ -314,12 +314,18 @@ func TestSandboxUserAddedMemberGetsOnlyItsRules(t *testing.T) {
 		t.Errorf("request from mcp:custom to everyone's host: %v", d)
 	}
 
-	// A member airlock could not name is known by its bare address only.
+	// A member airlock could not name is known by its bare address only:
+	// trusted as before unless the sandbox says otherwise (airlockd does).
+	if v := s.Decide(Query{Source: "10.88.0.200", Host: "api.example.com", Port: 443}).Verdict; v != Allow {
+		t.Errorf("unnamed member, by default: %v, want allow", v)
+	}
+	s.unnamedUntrusted = true
 	for _, src := range []string{"10.88.0.200", "fd00::1"} {
 		if v := s.Decide(Query{Source: src, Host: "api.example.com", Port: 443}).Verdict; v != Deny {
 			t.Errorf("unnamed member %s: %v, want deny", src, v)
 		}
 	}
+	s.unnamedUntrusted = false
 
 	// A container labelled user_added at run time.
 	s.SetTrust("scraper", TrustUserAdded)

@@ -163,7 +163,7 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 // jump for sandbox bridges, so the rest of the host is untouched:
 //
 //	prerouting (filter, mangle): from a bridge: IPv6 drop; source outside the
-//	  subnet drop (spoofing); to another member of the subnet accept; UDP and
+//	  subnet, or the gateway's own, drop (spoofing); to another member of the subnet accept; UDP and
 //	  TCP to port 53 accept; TCP accept; everything else drop.
 //	dstnat (nat, before Docker's): from a bridge, not to a member: port 53
 //	  (UDP, TCP) → gateway:gate port; other TCP → gateway:proxy port.
@@ -199,6 +199,7 @@ func (b *builder) build(cfg RulesConfig) {
 
 		b.rule(sPre, nfproto(unix.NFPROTO_IPV6), counterDrop())
 		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, s.Subnet, expr.CmpOpNeq), counterDrop())
+		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, netip.PrefixFrom(s.Gateway, 32), expr.CmpOpEq), counterDrop())
 		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, s.Subnet, expr.CmpOpEq),
 			ip4Addr(offDaddr, netip.PrefixFrom(s.Gateway, 32), expr.CmpOpNeq), verdict(expr.VerdictAccept))
 		b.rule(sPre, l4proto(unix.IPPROTO_UDP), dport(53), verdict(expr.VerdictAccept))

@@ -68,8 +68,8 @@ func TestEnsureRulesReplacesTableAtomically(t *testing.T) {
 			rules++
 		}
 	}
-	// 4 orphan-veth drops + per sandbox: 3 jumps, 6 pre, 4 nat, 4 in, 3 forward.
-	if want := 4 + 2*(3+6+4+4+3); rules != want {
+	// 4 orphan-veth drops + per sandbox: 3 jumps, 7 pre, 4 nat, 4 in, 3 forward.
+	if want := 4 + 2*(3+7+4+4+3); rules != want {
 		t.Errorf("%d rules, want %d", rules, want)
 	}
 }

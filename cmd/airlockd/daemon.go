@@ -261,7 +261,7 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	}
 	// Before the file is read: an edit in between is then seen as a change.
 	s.policyFP = fingerprintOf(sb.Policy)
-	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy}); err != nil {
+	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy, UnnamedUntrusted: true}); err != nil {
 		return nil, err
 	}
 	if d.docker != nil {
@@ -296,6 +296,9 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	}
 	leases := cfg.LeaseDir(sb.Name)
 	members := func(a netip.Addr) string {
+		if a == s.net.Gateway {
+			return "host" // the rules drop the gateway's address from the bridge: this is the host itself
+		}
 		if src := netns.LeaseSource(leases, a); src != "" {
 			return src
 		}
