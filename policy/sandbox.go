@@ -405,6 +405,10 @@ func (s *Sandbox) SetSettings(set Settings) (Spec, error) {
 		err = s.reloadLocked(s.session)
 	}
 	s.mu.Unlock()
+	var we *WidensError
+	if errors.As(err, &we) {
+		return Spec{}, err // names the sandbox already
+	}
 	if err != nil {
 		return Spec{}, fmt.Errorf("sandbox %s: %w", s.name, err)
 	}
