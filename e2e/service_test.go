@@ -460,10 +460,13 @@ func TestServiceReload(t *testing.T) {
 }
 
 // TestServicePolicyPolling edits a policy file by hand and by rename (as git
-// does) under a running airlockd, with no signal: the edit is in force
-// within a few polls, and a broken edit is refused with file:line.
+// does) under a running airlockd, with no signal: an edit that restricts is
+// in force within a few polls; an edit that widens access (here an allow
+// rule) is not, and the log says to run airlock reload, which applies it; a
+// broken edit is refused with file:line.
 func TestServicePolicyPolling(t *testing.T) {
 	w := testworld.New(t)
+	bin := testworld.Binaries(t)
 	pol := filepath.Join(w.Dir, "a.yaml")
 	write(t, pol, policyAllowed)
 	cfg := filepath.Join(w.Dir, "airlockd.yaml")
@@ -472,11 +475,36 @@ func TestServicePolicyPolling(t *testing.T) {
 	if got := curlBody(w, cfg, "sva", "http://other.test/"); got != "" {
 		t.Fatalf("other.test allowed before the edit: %q", got)
 	}
-	// By hand: rewritten in place.
+	// By hand, rewritten in place: an allow rule widens access, so the
+	// poll leaves it out of force.
 	write(t, pol, policyAllowed+"      - pattern: other.test\n")
-	d.WaitLog("policy file changed; reloaded", 1)
+	log := d.WaitLog("policy file widens access", 1)
+	m := regexp.MustCompile(`(?m)^.*policy file widens access.*$`).FindString(log)
+	for _, want := range []string{"level=WARN", "sandbox=sva", "a.yaml", "airlock reload", "allow rule added: other.test"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("the held edit's log line %q lacks %q", m, want)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // a few polls more
+	if got := curlBody(w, cfg, "sva", "http://other.test/"); got != "" {
+		t.Errorf("a widening edit was applied by the poll: other.test %q", got)
+	}
+	if c := strings.Count(d.Log.String(), "policy file widens access"); c != 1 {
+		t.Errorf("the held edit was logged %d times; want once per change", c)
+	}
+	// A person reloads: applied, and the reload says what widened.
+	out, err := exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlock"), "reload", "--config", cfg).CombinedOutput()
+	if err != nil || !regexp.MustCompile(`widened: +sva: allow rule added: other.test`).MatchString(string(out)) {
+		t.Errorf("airlock reload: %v\n%s", err, out)
+	}
 	if got := curlBody(w, cfg, "sva", "http://other.test/"); got != "internet" {
-		t.Errorf("after the edit, other.test: %q\n%s", got, d.Log.String())
+		t.Errorf("after airlock reload, other.test: %q\n%s", got, d.Log.String())
+	}
+	// Removing the rule again only restricts: applied by the poll.
+	write(t, pol, policyAllowed)
+	d.WaitLog("policy file changed; reloaded", 1)
+	if got := curlBody(w, cfg, "sva", "http://other.test/"); got != "" {
+		t.Errorf("after the rule was removed, other.test: %q", got)
 	}
 	// As git does: a new file renamed over the old one, here a broken one.
 	tmp := pol + ".tmp"
@@ -484,13 +512,13 @@ func TestServicePolicyPolling(t *testing.T) {
 	if err := os.Rename(tmp, pol); err != nil {
 		t.Fatal(err)
 	}
-	log := d.WaitLog("policy file changed but refused", 1)
-	m := regexp.MustCompile(`(?m)^.*policy file changed but refused.*$`).FindString(log)
+	log = d.WaitLog("policy file changed but refused", 1)
+	m = regexp.MustCompile(`(?m)^.*policy file changed but refused.*$`).FindString(log)
 	if !strings.Contains(m, "a.yaml:") || !strings.Contains(m, "sandbox=sva") {
 		t.Errorf("refusal line %q lacks the sandbox or file:line", m)
 	}
-	if got := curlBody(w, cfg, "sva", "http://other.test/"); got != "internet" {
-		t.Errorf("after a broken edit, other.test: %q; the last good policy must stay", got)
+	if got := curlBody(w, cfg, "sva", "http://allowed.test/"); got != "internet" {
+		t.Errorf("after a broken edit, allowed.test: %q; the last good policy must stay", got)
 	}
 	// Logged once per change, not once per poll.
 	time.Sleep(time.Second)

@@ -92,3 +92,22 @@ func TestLocalAddrs(t *testing.T) {
 		t.Error("a documentation address is local")
 	}
 }
+
+func TestWithin(t *testing.T) {
+	tests := []struct {
+		path, dir string
+		want      bool
+	}{
+		{"/var/lib/airlock", "/var/lib/airlock", true},
+		{"/var/lib/airlock/ca/x/bundle.pem", "/var/lib/airlock", true},
+		{"/var/lib/airlock-old", "/var/lib/airlock", false},
+		{"/var/lib", "/var/lib/airlock", false},
+		{"/run/airlock", "/var/lib/airlock", false},
+		{"/var/lib/..airlock", "/var/lib", true},
+	}
+	for _, tt := range tests {
+		if got := within(tt.path, tt.dir); got != tt.want {
+			t.Errorf("within(%q, %q) = %v, want %v", tt.path, tt.dir, got, tt.want)
+		}
+	}
+}

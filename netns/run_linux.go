@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -44,8 +45,18 @@ type RunConfig struct {
 	Command []string
 	// LeaseDir holds the sandbox's member leases (RUN_DIR/leases/SANDBOX).
 	LeaseDir string
-	// CABundle, when set, is exported to the command in CAEnv.
+	// CABundle, when set, is exported to the command in CAEnv. It stays
+	// readable at its path when it lies under a Hide directory.
 	CABundle string
+	// Hide are directories (airlockd's STATE_DIR and RUN_DIR) the member
+	// must not see: each is covered with an empty read-only tmpfs in the
+	// member's mount namespace. Each must be an existing directory, or Run
+	// refuses to start the member.
+	Hide []string
+	// ReadOnly are files (the sandboxes' policy files) bound read-only
+	// onto themselves in the member's mount namespace; missing ones are
+	// skipped.
+	ReadOnly []string
 	// UID and GID run the command as that user; nil runs it as root, but
 	// with no capabilities at all.
 	UID, GID *uint32
@@ -57,11 +68,14 @@ type RunConfig struct {
 }
 
 type initConfig struct {
-	Command []string `json:"command"`
-	Resolv  string   `json:"resolv"`
-	UID     *uint32  `json:"uid,omitempty"`
-	GID     *uint32  `json:"gid,omitempty"`
-	Env     []string `json:"env"`
+	Command  []string `json:"command"`
+	Resolv   string   `json:"resolv"`
+	Hide     []string `json:"hide,omitempty"`
+	ReadOnly []string `json:"read_only,omitempty"`
+	Keep     string   `json:"keep,omitempty"` // the CA bundle
+	UID      *uint32  `json:"uid,omitempty"`
+	GID      *uint32  `json:"gid,omitempty"`
+	Env      []string `json:"env"`
 }
 
 // Run runs a command as a member of a sandbox: in fresh network, mount and
@@ -117,7 +131,15 @@ func Run(ctx context.Context, cfg RunConfig) (int, error) {
 		}
 	}
 	env = append(env, "AIRLOCK_SANDBOX="+cfg.Sandbox)
-	ic, _ := json.Marshal(initConfig{Command: cfg.Command, Resolv: resolv, UID: cfg.UID, GID: cfg.GID, Env: env})
+	// Checked here too, for a clear error before anything is built; the
+	// member's init checks again and refuses on its own.
+	for _, d := range cfg.Hide {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return 0, fmt.Errorf("hide %s from the member: not a directory (%v); check state_dir and run_dir in airlockd's config", d, err)
+		}
+	}
+	ic, _ := json.Marshal(initConfig{Command: cfg.Command, Resolv: resolv, UID: cfg.UID, GID: cfg.GID, Env: env,
+		Hide: cfg.Hide, ReadOnly: cfg.ReadOnly, Keep: cfg.CABundle})
 
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
@@ -281,9 +303,10 @@ func IsMemberInit() bool {
 
 // MemberInit is the init process of a member's namespaces: it waits until
 // Run has wired the network, points /etc/resolv.conf at the gate, mounts a
-// /proc of its own, turns IPv6 off, drops every capability for good, runs the
-// command, reaps orphans, and exits with the command's status. It never
-// returns.
+// /proc of its own, hides airlockd's state and makes the policy files
+// read-only (see RunConfig.Hide and ReadOnly), turns IPv6 off, drops every
+// capability for good, runs the command, reaps orphans, and exits with the
+// command's status. It never returns.
 func MemberInit() {
 	code, err := memberInit()
 	if err != nil {
@@ -318,6 +341,9 @@ func memberInit() (int, error) {
 	}
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return 0, fmt.Errorf("mount /proc: %w", err)
+	}
+	if err := confine(cfg.ReadOnly, cfg.Hide, cfg.Keep); err != nil {
+		return 0, err
 	}
 	for _, k := range []string{"all", "default", "eth0", "lo"} {
 		writeSysctl(filepath.Join("/proc/sys/net/ipv6/conf", k, "disable_ipv6"), "1")
@@ -383,4 +409,94 @@ func memberInit() (int, error) {
 		}
 		return ws.ExitStatus(), nil
 	}
+}
+
+// confine changes the member's mount namespace, which must not propagate
+// to the host's: each file of readOnly is bound read-only onto itself, then
+// each directory of hide is covered with an empty read-only tmpfs, except
+// for the file keep (the CA bundle), bound back read-only at its path.
+// Any failure is an error: the member must not run with airlockd's token,
+// CA keys and API socket in reach.
+func confine(readOnly, hide []string, keep string) error {
+	for _, f := range readOnly {
+		err := bindReadOnly(f, f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // nothing to protect; a file made later is airlockd's to judge
+		}
+		if err != nil {
+			return fmt.Errorf("make policy file %s read-only for the member: %w", f, err)
+		}
+	}
+	// The bundle is opened before its directory is hidden, and bound back
+	// from the open file.
+	keepFD := -1
+	if keep != "" {
+		fd, err := unix.Open(keep, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open CA bundle %s: %w", keep, err)
+		}
+		keepFD = fd
+		defer unix.Close(fd)
+		if keep, err = filepath.EvalSymlinks(keep); err != nil {
+			return fmt.Errorf("CA bundle %s: %w", keep, err)
+		}
+	}
+	var dirs []string
+	for _, d := range hide {
+		real, err := filepath.EvalSymlinks(d)
+		if err != nil {
+			return fmt.Errorf("hide %s from the member: %w", d, err)
+		}
+		if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
+			return fmt.Errorf("hide %s from the member: not a directory", d)
+		}
+		dirs = append(dirs, filepath.Clean(real))
+	}
+	// A directory inside another one is hidden with it.
+	slices.Sort(dirs)
+	dirs = slices.Compact(dirs)
+	dirs = slices.DeleteFunc(slices.Clone(dirs), func(d string) bool {
+		return slices.ContainsFunc(dirs, func(o string) bool { return o != d && within(d, o) })
+	})
+	for _, d := range dirs {
+		if err := unix.Mount("airlock-hidden", d, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=16k,nr_inodes=64,mode=0755"); err != nil {
+			return fmt.Errorf("hide %s from the member: mount tmpfs: %w", d, err)
+		}
+		if keepFD >= 0 && within(keep, d) {
+			if err := os.MkdirAll(filepath.Dir(keep), 0o755); err != nil {
+				return fmt.Errorf("keep CA bundle %s: %w", keep, err)
+			}
+			if err := os.WriteFile(keep, nil, 0o444); err != nil {
+				return fmt.Errorf("keep CA bundle %s: %w", keep, err)
+			}
+			if err := bindReadOnly(fmt.Sprintf("/proc/self/fd/%d", keepFD), keep); err != nil {
+				return fmt.Errorf("keep CA bundle %s: %w", keep, err)
+			}
+		}
+		if err := unix.Mount("", d, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("hide %s from the member: make the tmpfs read-only: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// bindReadOnly binds src onto dst and makes that mount read-only (a bind
+// mount takes MS_RDONLY only on a remount).
+func bindReadOnly(src, dst string) error {
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("bind: %w", os.ErrNotExist)
+		}
+		return fmt.Errorf("bind: %w", err)
+	}
+	if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("remount read-only: %w", err)
+	}
+	return nil
+}
+
+// within reports whether path is dir or lies under it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }

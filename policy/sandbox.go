@@ -267,6 +267,9 @@ func (s *Sandbox) Add(req AddRequest) (*Rule, error) {
 		s.setLocked(s.spec, append(slices.Clone(s.session), r))
 		return r, nil
 	}
+	if err := s.checkDiskLocked(); err != nil {
+		return nil, err
+	}
 	if err := AddRule(s.path, r); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.name, err)
 	}
@@ -305,6 +308,9 @@ func (s *Sandbox) Remove(id string) (*Rule, error) {
 		}
 		return nil, fmt.Errorf("remove rule %s: %w", id, ErrNoRule)
 	}
+	if err := s.checkDiskLocked(); err != nil {
+		return nil, err
+	}
 	removed, err := RemoveRule(s.path, list, id)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.name, err)
@@ -312,12 +318,61 @@ func (s *Sandbox) Remove(id string) (*Rule, error) {
 	return removed, s.reloadLocked(s.session)
 }
 
-// Reload re-reads the policy file. On error the rules in force stay as they
-// were and the error names the file, line and key.
+// Reload re-reads the policy file and puts it in force, whatever it says:
+// it is for a person's explicit reload. On error the rules in force stay as
+// they were and the error names the file, line and key.
 func (s *Sandbox) Reload() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.reloadLocked(s.session)
+}
+
+// WidensError says that a policy file on disk would give the sandbox's
+// members more than the policy in force (see Widens); it was not put in
+// force.
+type WidensError struct {
+	Sandbox, Path string
+	Reasons       []string // what widens, as Widens says it
+}
+
+func (e *WidensError) Error() string {
+	return fmt.Sprintf("sandbox %s: policy file %s widens access (%s); run `airlock reload` (or send airlockd SIGHUP) to apply it",
+		e.Sandbox, e.Path, strings.Join(e.Reasons, "; "))
+}
+
+// ReloadRestricting re-reads the policy file and puts it in force only if
+// it does not widen access (see Widens): an unattended reload, such as
+// polling for edits, must not let a member that can write the file widen
+// its own policy. A file that widens is a *WidensError and the policy in
+// force stays; so does a file that does not parse.
+func (s *Sandbox) ReloadRestricting() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	spec, err := loadOrDefault(s.path)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: reload: %w", s.name, err)
+	}
+	if why := Widens(s.spec, spec); len(why) > 0 {
+		return &WidensError{Sandbox: s.name, Path: s.path, Reasons: why}
+	}
+	s.setLocked(spec, s.session)
+	return nil
+}
+
+// checkDiskLocked refuses an edit of the policy file while the file holds
+// edits that widen access and are not in force: the edit rewrites the file
+// and then puts all of it in force, so it would apply them without anyone
+// asking. A file that cannot be read or parsed is left to the edit, which
+// reports it.
+func (s *Sandbox) checkDiskLocked() error {
+	disk, err := loadOrDefault(s.path)
+	if err != nil {
+		return nil
+	}
+	if why := Widens(s.spec, disk); len(why) > 0 {
+		return &WidensError{Sandbox: s.name, Path: s.path, Reasons: why}
+	}
+	return nil
 }
 
 func (s *Sandbox) reloadLocked(session []*Rule) error {
@@ -356,11 +411,18 @@ func (s *Sandbox) SetSettings(set Settings) (Spec, error) {
 		return Spec{}, err
 	}
 	s.mu.Lock()
-	err := SetSettings(s.path, set)
+	err := s.checkDiskLocked()
+	if err == nil {
+		err = SetSettings(s.path, set)
+	}
 	if err == nil {
 		err = s.reloadLocked(s.session)
 	}
 	s.mu.Unlock()
+	var we *WidensError
+	if errors.As(err, &we) {
+		return Spec{}, err // names the sandbox already
+	}
 	if err != nil {
 		return Spec{}, fmt.Errorf("sandbox %s: %w", s.name, err)
 	}
@@ -416,6 +478,9 @@ func (s *Sandbox) Replace(req ReplaceRequest) (old, repl *Rule, err error) {
 		session[slices.Index(session, cur)] = nr
 		s.setLocked(s.spec, session)
 		return cur, nr, nil
+	}
+	if err := s.checkDiskLocked(); err != nil {
+		return nil, nil, err
 	}
 	if _, err := ReplaceRule(s.path, cur.List, cur.ID, nr); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: %w", s.name, err)

@@ -689,3 +689,38 @@ func TestContainersThroughTheAPI(t *testing.T) {
 		t.Errorf("wait past the poll: %d %s, want running", code, body)
 	}
 }
+
+// TestEditsRefusedOverAHeldWideningEdit: while the policy file on disk
+// widens access beyond the policy in force (a member wrote it; polling left
+// it out), an API write, which would put all of the file in force, is a 409
+// that says to reload; session rules still work, and after a reload the
+// write goes through.
+func TestEditsRefusedOverAHeldWideningEdit(t *testing.T) {
+	h := newAPI(t, "sandbox:\n  unknown_action: deny\n")
+	widened := "sandbox:\n  unknown_action: allow\n"
+	if err := os.WriteFile(h.policy, []byte(widened), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range [][3]string{
+		{"POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "a.example.com", "persist": true}`},
+		{"POST", "/api/v1/sandboxes/myapp/denylist", `{"pattern": "b.example.com", "persist": true}`},
+		{"PATCH", "/api/v1/sandboxes/myapp/settings", `{"approval_timeout": 45}`},
+	} {
+		code, body := h.do(t, req[0], req[1], req[2])
+		if code != 409 || !strings.Contains(body, "unknown_action: deny → allow") || !strings.Contains(body, "airlock reload") {
+			t.Errorf("%s %s over a held edit: %d %s", req[0], req[1], code, body)
+		}
+	}
+	if file, _ := os.ReadFile(h.policy); string(file) != widened {
+		t.Errorf("the policy file was rewritten:\n%s", file)
+	}
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "session.example.com"}`); code != 201 {
+		t.Errorf("session rule over a held edit: %d %s", code, body)
+	}
+	if err := h.sb.pol.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "a.example.com", "persist": true}`); code != 201 {
+		t.Errorf("add after the reload: %d %s", code, body)
+	}
+}

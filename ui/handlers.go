@@ -185,6 +185,8 @@ func (s *Server) addRule(l policy.List) echo.HandlerFunc {
 			return fail(http.StatusBadRequest, err.Error(), `send "force": true to accept a broad pattern on purpose`)
 		case err != nil && strings.HasPrefix(err.Error(), "pattern "):
 			return fail(http.StatusBadRequest, err.Error(), "see the pattern language in the README")
+		case isHeldEdit(err):
+			return failHeldEdit(err)
 		case err != nil:
 			return fail(http.StatusInternalServerError, err.Error(), "the policy file could not be written; nothing changed")
 		}
@@ -209,6 +211,8 @@ func (s *Server) removeRule(l policy.List) echo.HandlerFunc {
 		switch {
 		case errors.Is(err, policy.ErrAutoRule):
 			return fail(http.StatusConflict, err.Error(), "auto rules follow mcp_servers and network_allowlist.auto in the policy file")
+		case isHeldEdit(err):
+			return failHeldEdit(err)
 		case err != nil:
 			return fail(http.StatusInternalServerError, err.Error(), "")
 		}
@@ -350,6 +354,8 @@ func (s *Server) decide(c echo.Context) error {
 		return fail(http.StatusNotFound, fmt.Sprintf("no pending approval %q", truncate(c.Param("id"), 40)), "it may have been decided or timed out; GET approvals")
 	case errors.Is(err, policy.ErrBroad):
 		return fail(http.StatusBadRequest, err.Error(), `send "force": true to accept a broad pattern on purpose`)
+	case isHeldEdit(err):
+		return failHeldEdit(err)
 	case err != nil:
 		return fail(http.StatusBadRequest, err.Error(), "")
 	}
@@ -439,4 +445,15 @@ func (s *Server) events(c echo.Context) error {
 			w.Flush()
 		}
 	}
+}
+
+// isHeldEdit reports whether err refused an edit of a policy file that
+// holds edits widening access that are not in force (policy.WidensError).
+func isHeldEdit(err error) bool {
+	var we *policy.WidensError
+	return errors.As(err, &we)
+}
+
+func failHeldEdit(err error) error {
+	return fail(http.StatusConflict, err.Error(), "the policy file was edited on disk to widen access; check the edit, then run airlock reload to apply it (or undo it), and try again")
 }

@@ -58,6 +58,11 @@ type ReloadResult struct {
 	Removed  []string `json:"removed"`
 	Changed  []string `json:"changed"`  // subnet or policy path changed: restarted
 	Reloaded []string `json:"reloaded"` // unchanged sandboxes whose policy file was re-read
+	// Widened names the re-read sandboxes whose policy file gave their
+	// members more than the policy it replaced, and how ("myapp:
+	// unknown_action: ask → allow"). Polling leaves such edits for a
+	// reload to apply.
+	Widened []string `json:"widened"`
 	// Errors are the problems that left something as it was, each naming
 	// its file and line where it has one.
 	Errors []string `json:"errors"`

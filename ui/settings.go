@@ -62,6 +62,9 @@ func (s *Server) patchSettings(c echo.Context) error {
 	}
 	sb := sandboxOf(c)
 	spec, err := sb.Policy().SetSettings(set)
+	if isHeldEdit(err) {
+		return failHeldEdit(err)
+	}
 	if err != nil {
 		return fail(http.StatusInternalServerError, err.Error(), "the policy file could not be written; nothing changed")
 	}
@@ -97,6 +100,8 @@ func (s *Server) replaceRule(l policy.List) echo.HandlerFunc {
 			return fail(http.StatusConflict, err.Error(), "delete this rule instead, or choose another pattern")
 		case errors.Is(err, policy.ErrNoRule):
 			return fail(http.StatusNotFound, err.Error(), "GET the list for the ids")
+		case isHeldEdit(err):
+			return failHeldEdit(err)
 		case err != nil && strings.HasPrefix(err.Error(), "pattern "):
 			return fail(http.StatusBadRequest, err.Error(), "see the pattern language in the README")
 		case err != nil:

@@ -475,6 +475,9 @@ func cmdReload(ctx context.Context, c *ui.Client, cm *common, _ []string) error 
 				fmt.Printf("%-15s %s\n", l.what+":", strings.Join(l.names, " "))
 			}
 		}
+		for _, w := range res.Widened {
+			fmt.Printf("%-15s %s\n", "widened:", w)
+		}
 		if len(res.Restart) > 0 {
 			fmt.Printf("%-15s %s (restart airlockd to apply)\n", "not applied:", strings.Join(res.Restart, " "))
 		}

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -136,6 +137,11 @@ func cmdRun(args []string) int {
 	if _, err := os.Stat(ca); err != nil {
 		ca = "" // no sandbox CA yet: nothing to offer
 	}
+	policies, err := policyFiles(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "airlock run: %v\n", err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	code, err := netns.Run(ctx, netns.RunConfig{
@@ -144,6 +150,11 @@ func cmdRun(args []string) int {
 		Command:  cmd,
 		LeaseDir: cfg.LeaseDir(*sandbox),
 		CABundle: ca,
+		// The member sees the host's files, but not airlockd's token, CA
+		// keys, leases and API socket, and cannot edit any sandbox's
+		// policy (its own or another's).
+		Hide:     []string{cfg.StateDir, cfg.RunDir},
+		ReadOnly: policies,
 		UID:      uid,
 		GID:      gid,
 	})
@@ -152,6 +163,37 @@ func cmdRun(args []string) int {
 		return 125
 	}
 	return code
+}
+
+// policyFiles lists the policy files of every sandbox airlockd runs: the
+// config's, and those made through the API, which airlockd remembers in
+// STATE_DIR/sandboxes.json. The files, not the API, are the source: run
+// needs no token, and works while airlockd is down.
+func policyFiles(cfg *config.Config) ([]string, error) {
+	var out []string
+	for _, sb := range cfg.Sandboxes {
+		out = append(out, sb.Policy)
+	}
+	saved := filepath.Join(cfg.StateDir, "sandboxes.json")
+	b, err := os.ReadFile(saved)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return out, nil // Run refuses a state_dir that is not a directory
+	}
+	if err != nil {
+		return nil, err
+	}
+	var made []struct {
+		Policy string `json:"policy"`
+	}
+	if err := json.Unmarshal(b, &made); err != nil {
+		return nil, fmt.Errorf("%s: %w; fix or remove it", saved, err)
+	}
+	for _, m := range made {
+		if m.Policy != "" {
+			out = append(out, m.Policy)
+		}
+	}
+	return out, nil
 }
 
 // parseUser reads UID[:GID]; empty means the sudo caller, if any.

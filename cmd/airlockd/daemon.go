@@ -75,6 +75,9 @@ type sandbox struct {
 	gauges  []prometheus.Collector
 	// policyFP is the policy file as last read; d.mu guards it.
 	policyFP fingerprint
+	// held says how the policy file widens access, when a poll kept it
+	// out of force until a person reloads; d.mu guards it.
+	held []string
 }
 
 func (s *sandbox) Name() string            { return s.cfg.Name }

@@ -39,7 +39,7 @@ func (d *daemon) Reload() (ui.ReloadResult, error) {
 }
 
 func (d *daemon) reload() (ui.ReloadResult, error) {
-	res := ui.ReloadResult{Added: []string{}, Removed: []string{}, Changed: []string{}, Reloaded: []string{}, Errors: []string{}, Restart: []string{}}
+	res := ui.ReloadResult{Added: []string{}, Removed: []string{}, Changed: []string{}, Reloaded: []string{}, Widened: []string{}, Errors: []string{}, Restart: []string{}}
 	next, err := loadConfig(d.cfgPath, d.cfgExplicit)
 	if err != nil {
 		return res, &ui.ManagerError{Msg: err.Error(), Hint: "the running config stays in force; fix the file and reload again"}
@@ -112,11 +112,18 @@ func (d *daemon) reload() (ui.ReloadResult, error) {
 			continue // just started with its new policy file
 		}
 		s.policyFP = fingerprintOf(s.cfg.Policy)
+		before := s.policy.Spec()
 		if err := s.policy.Reload(); err != nil {
 			res.Errors = append(res.Errors, err.Error())
-		} else {
-			res.Reloaded = append(res.Reloaded, s.cfg.Name)
+			continue
 		}
+		res.Reloaded = append(res.Reloaded, s.cfg.Name)
+		after := s.policy.Spec()
+		if why := policy.Widens(&before, &after); len(why) > 0 {
+			res.Widened = append(res.Widened, s.cfg.Name+": "+strings.Join(why, "; "))
+			d.log.Warn("reload: policy file widens access; applied", "sandbox", s.cfg.Name, "policy", s.cfg.Policy, "widens", why)
+		}
+		s.held = nil
 	}
 	for _, sb := range next.Sandboxes {
 		if !slices.ContainsFunc(d.sandboxes, func(s *sandbox) bool { return s.cfg.Name == sb.Name }) &&
@@ -191,8 +198,12 @@ func fingerprintOf(path string) fingerprint {
 
 // watchPolicies re-reads a sandbox's policy file when it changes on disk
 // (an edit by hand, a git checkout), every interval, until stop is closed.
-// A file that does not parse is refused with its file and line, once per
-// change; the last good policy stays in force.
+// An edit that only restricts access is put in force. An edit that widens
+// it (see policy.Widens) is not: a sandbox member may be able to write the
+// file, so only a person's explicit reload applies it; the change is
+// logged once, with what widens, and shown in the status line. A file that
+// does not parse is refused with its file and line, once per change. In
+// both cases the policy in force stays.
 func (d *daemon) watchPolicies(interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -218,12 +229,33 @@ func (d *daemon) watchPolicies(interval time.Duration, stop <-chan struct{}) {
 			if !changed {
 				continue
 			}
-			if err := s.policy.Reload(); err != nil {
+			err := s.policy.ReloadRestricting()
+			var we *policy.WidensError
+			if errors.As(err, &we) {
+				d.log.Warn("policy file widens access; run `airlock reload` (or SIGHUP) to apply it", "sandbox", s.cfg.Name,
+					"policy", s.cfg.Policy, "widens", we.Reasons)
+				d.setHeld(s, we.Reasons)
+				continue
+			}
+			if err != nil {
 				d.log.Error("policy file changed but refused; the last good policy stays in force", "sandbox", s.cfg.Name, "err", err)
 				continue
 			}
+			d.setHeld(s, nil)
 			d.log.Info("policy file changed; reloaded", "sandbox", s.cfg.Name, "policy", s.cfg.Policy, "rules", len(s.policy.Rules()))
 		}
+	}
+}
+
+// setHeld records the widening edit of s's policy file that a poll kept
+// out of force (nil: none), and tells systemd when that changes.
+func (d *daemon) setHeld(s *sandbox, why []string) {
+	d.mu.Lock()
+	changed := !slices.Equal(s.held, why)
+	s.held = why
+	d.mu.Unlock()
+	if changed {
+		d.notify("STATUS=" + d.status())
 	}
 }
 
@@ -232,13 +264,21 @@ func (d *daemon) status() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	names := make([]string, len(d.sandboxes))
+	var held []string
 	for i, s := range d.sandboxes {
 		names[i] = s.cfg.Name
+		if len(s.held) > 0 {
+			held = append(held, s.cfg.Name)
+		}
 	}
 	if len(names) == 0 {
 		names = []string{"none"}
 	}
-	return fmt.Sprintf("sandboxes: %s; API %s", strings.Join(names, ", "), apiURL(d.cfg.APIListen))
+	st := fmt.Sprintf("sandboxes: %s; API %s", strings.Join(names, ", "), apiURL(d.cfg.APIListen))
+	if len(held) > 0 {
+		st += "; policy edits that widen access wait for airlock reload: " + strings.Join(held, ", ")
+	}
+	return st
 }
 
 // watchdog tells systemd the daemon is alive every interval, until stop is

@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRunHidesDaemonState checks what an `airlock run` member, here uid 0
+// without capabilities, can touch of airlockd's files: not the token, CA
+// keys and leases (STATE_DIR and RUN_DIR are empty to it but for its CA
+// bundle), and no sandbox's policy file for writing; the sandbox CA still
+// works. Nothing of it shows in the host's mounts.
+func TestRunHidesDaemonState(t *testing.T) {
+	w, cfg, _ := setup(t)
+	state, run := filepath.Join(w.Dir, "state"), filepath.Join(w.Dir, "run")
+	token := filepath.Join(state, "token")
+	key := filepath.Join(state, "ca", sbC, "ca.key")
+	bundle := filepath.Join(state, "ca", sbC, "bundle.pem")
+	// The positive control: they are there for the host.
+	for _, f := range []string{token, bundle} {
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("the host lacks %s: %v", f, err)
+		}
+	}
+	member := func(script string) (string, int) {
+		t.Helper()
+		r := w.Run(cfg, sbC, "agent", 20*time.Second, "sh", "-c", script)
+		return r.Stdout + r.Stderr, r.Code
+	}
+	if out, code := member("id -u; cat " + token); code == 0 {
+		t.Errorf("a member read the token: %q", out)
+	}
+	if out, code := member("cat " + key + " " + filepath.Join(state, "ca", sbA, "ca.key")); code == 0 {
+		t.Errorf("a member read a CA key: %q", out)
+	}
+	if out, _ := member("ls -A " + state + "; echo --; ls -A " + run + "; echo --; ls -A " + filepath.Join(state, "ca")); out != "ca\n--\n--\n"+sbC+"\n" {
+		t.Errorf("a member sees in STATE_DIR, RUN_DIR, STATE_DIR/ca: %q; want only its CA bundle's path", out)
+	}
+	if out, code := member("touch " + filepath.Join(state, "x")); code == 0 || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("a member wrote into the hidden STATE_DIR (exit %d): %q", code, out)
+	}
+
+	// Its own policy file and another sandbox's: read-only.
+	for _, pol := range []string{filepath.Join(w.Dir, "c.yaml"), filepath.Join(w.Dir, "app.yaml")} {
+		before, _ := os.ReadFile(pol)
+		out, code := member("echo '      - pattern: evil.test' >> " + pol)
+		if code == 0 || !strings.Contains(out, "Read-only file system") {
+			t.Errorf("a member appended to %s (exit %d): %q", pol, code, out)
+		}
+		if out, code := member("grep -c pattern " + pol); code != 0 || out == "0\n" {
+			t.Errorf("a member cannot read %s: %d %q", pol, code, out)
+		}
+		if after, _ := os.ReadFile(pol); string(after) != string(before) {
+			t.Errorf("%s changed:\n%s", pol, after)
+		}
+	}
+
+	// The CA bundle stays at its path, read-only, and trusted.
+	if out, code := member(`test "$SSL_CERT_FILE" = ` + bundle + ` && grep -c "BEGIN CERTIFICATE" "$SSL_CERT_FILE"`); code != 0 || out == "0\n" {
+		t.Errorf("the CA bundle in the member: %d %q", code, out)
+	}
+	if out, code := member("echo x >> " + bundle); code == 0 {
+		t.Errorf("a member appended to the CA bundle: %q", out)
+	}
+	if r := runC(t, w, cfg, "curl", "-sS", "https://api.allowed.test/v1/x"); r.Code != 0 || r.Stdout != "internet" {
+		t.Errorf("intercepted HTTPS with the sandbox CA: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+
+	// Nothing propagated to the host.
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err != nil || strings.Contains(string(mi), "airlock-hidden") || strings.Contains(string(mi), w.Dir) {
+		t.Errorf("the member's mounts show on the host (%v):\n%s", err, mi)
+	}
+	if out, err := w.HostExec("cat", "/proc/self/mountinfo"); err != nil || strings.Contains(out, "airlock-hidden") {
+		t.Errorf("the member's mounts show in the host namespace (%v):\n%s", err, out)
+	}
+}
+
+// TestRunRefusesWithoutHiddenState: when STATE_DIR cannot be hidden (here
+// it is a file), airlock run refuses to start the member rather than run
+// it with airlockd's state in reach.
+func TestRunRefusesWithoutHiddenState(t *testing.T) {
+	w, cfg, _ := setup(t)
+	good, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notDir := filepath.Join(w.Dir, "state-file")
+	write(t, notDir, "")
+	bad := filepath.Join(w.Dir, "bad.yaml")
+	write(t, bad, strings.Replace(string(good), "state_dir: "+w.Dir+"/state", "state_dir: "+notDir, 1))
+	r := w.Run(bad, sbC, "agent", 20*time.Second, "echo", "ran")
+	if r.Code == 0 || strings.Contains(r.Stdout, "ran") || !strings.Contains(r.Stderr, "hide "+notDir+" from the member: not a directory") {
+		t.Errorf("airlock run with state_dir a file: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
+	}
+}

@@ -1,0 +1,110 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Widens lists, in words a person reads, how the policy next would give
+// sandbox members more than the policy old does; nil means next only
+// restricts, or changes nothing that matters to security. Both must be
+// non-nil.
+//
+// It counts: enabled turned on; unknown_action moving up the order
+// deny < ask < allow; inspect going from all to needed; an allow rule
+// (auto or user, compared by pattern and member) in next and not in old; a
+// deny rule in old and not in next; an MCP server added, its trust raised
+// (user_added < verified < builtin), or its image or command changed.
+// Everything else (approval_timeout, resources, sources and times of rules,
+// order, comments) is not counted.
+func Widens(old, next *Spec) []string {
+	var out []string
+	if !old.Enabled && next.Enabled {
+		out = append(out, "enabled: false → true")
+	}
+	if actionRank(next.UnknownAction) > actionRank(old.UnknownAction) {
+		out = append(out, fmt.Sprintf("unknown_action: %s → %s", old.UnknownAction, next.UnknownAction))
+	}
+	if old.Inspect == InspectAll && next.Inspect != InspectAll {
+		out = append(out, fmt.Sprintf("inspect: %s → %s", old.Inspect, next.Inspect))
+	}
+	had := ruleKeys(old.Auto, old.User)
+	for _, r := range slices.Concat(next.Auto, next.User) {
+		if k := ruleKey(r); !had[k] {
+			had[k] = true // once, when both tiers name it
+			out = append(out, "allow rule added: "+describeRule(r))
+		}
+	}
+	keeps := ruleKeys(next.Deny)
+	for _, r := range old.Deny {
+		if k := ruleKey(r); !keeps[k] {
+			keeps[k] = true
+			out = append(out, "deny rule removed: "+describeRule(r))
+		}
+	}
+	for _, m := range next.MCPServers {
+		i := slices.IndexFunc(old.MCPServers, func(o MCPServer) bool { return o.Source() == m.Source() })
+		if i < 0 {
+			out = append(out, "MCP server added: "+m.Name)
+			continue
+		}
+		o := old.MCPServers[i]
+		if trustRank(m.Trust) > trustRank(o.Trust) {
+			out = append(out, fmt.Sprintf("MCP server %s: trust %s → %s", m.Name, o.Trust, m.Trust))
+		}
+		if m.Image != o.Image {
+			out = append(out, fmt.Sprintf("MCP server %s: image %q → %q", m.Name, o.Image, m.Image))
+		}
+		if !slices.Equal(m.Command, o.Command) {
+			out = append(out, fmt.Sprintf("MCP server %s: command %q → %q", m.Name, o.Command, m.Command))
+		}
+	}
+	return out
+}
+
+// actionRank orders unknown actions by how much they let through.
+func actionRank(a Action) int {
+	switch a {
+	case ActionDeny:
+		return 0
+	case ActionAsk:
+		return 1
+	case ActionAllow:
+		return 2
+	}
+	return 3 // unknown: treat as the widest, so a change to it is asked about
+}
+
+// trustRank orders trust levels by how much a member reaches.
+func trustRank(t Trust) int {
+	switch t {
+	case TrustUserAdded:
+		return 0
+	case TrustVerified:
+		return 1
+	case TrustBuiltin:
+		return 2
+	}
+	return 3
+}
+
+type ruleIdent struct{ pattern, member string }
+
+func ruleKey(r *Rule) ruleIdent { return ruleIdent{r.Pattern.String(), r.Member} }
+
+func ruleKeys(lists ...[]*Rule) map[ruleIdent]bool {
+	m := map[ruleIdent]bool{}
+	for _, l := range lists {
+		for _, r := range l {
+			m[ruleKey(r)] = true
+		}
+	}
+	return m
+}
+
+func describeRule(r *Rule) string {
+	if r.Member != "" {
+		return r.Pattern.String() + " (member " + r.Member + ")"
+	}
+	return r.Pattern.String()
+}
