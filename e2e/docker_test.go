@@ -129,7 +129,7 @@ func TestDocker(t *testing.T) {
 	var d *testworld.Daemon
 	t.Cleanup(func() {
 		// After the daemon's own cleanup kills it (cleanups run last first).
-		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
+		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-outsider e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
 		exec.Command("sh", "-c", "docker ps -aq --filter network=airlock-"+dk1+" | xargs -r docker rm -f; docker network rm airlock-"+dk1+" airlock-"+dk2+" airlock-e2e-stale").Run()
 		if d != nil {
 			if out, err := d.Teardown(); err != nil {
@@ -364,12 +364,26 @@ func TestDocker(t *testing.T) {
 		if out, err := docker(t, "run", "-d", "--network", "airlock-"+dk1, "--name", "e2e-keeper", "--label", "airlock.agent=claude", dkImage, "loop", "http://allowed.test/keeper"); err != nil {
 			t.Fatal(out)
 		}
+		if out, err := docker(t, "run", "-d", "--network", "airlock-"+dk1, "--name", "e2e-outsider", "--label", "airlock.trust=user_added", dkImage, "loop", "http://allowed.test/outsider"); err != nil {
+			t.Fatal(out)
+		}
 		waitRecord(t, token, dk1, "request", "e2e-keeper", func(e audit.Entry) bool { return true })
+		waitRecord(t, token, dk1, "dns", "e2e-outsider", func(e audit.Entry) bool { return e.Verdict == "denied" })
 		d = d.Restart()
 		restarted := time.Now()
 		e := waitRecord(t, token, dk1, "request", "e2e-keeper", func(e audit.Entry) bool { return e.Time.After(restarted) })
 		if e.Agent != "claude" || !strings.HasSuffix(e.URL, "/keeper") {
 			t.Errorf("record after restart %+v: want source e2e-keeper, agent claude", e)
+		}
+		// Its trust label holds across the restart, from the first packet on.
+		for _, e := range dkRecords(t, token, dk1, "dns,connection,request", "e2e-outsider") {
+			if e.Time.After(restarted) && e.Verdict != "denied" && e.Verdict != "deny" {
+				t.Errorf("user_added container after restart: %+v", e)
+			}
+		}
+		waitRecord(t, token, dk1, "dns", "e2e-outsider", func(e audit.Entry) bool { return e.Time.After(restarted) && e.Verdict == "denied" })
+		if strings.Contains(strings.Join(w.Reached(), "\n"), "/outsider") {
+			t.Error("the user_added container reached the internet")
 		}
 		if strings.Contains(d.Log.String(), "MCP sidecar started") {
 			t.Error("the restarted airlockd started the running sidecar again instead of adopting it")
