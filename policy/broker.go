@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -62,7 +63,9 @@ type Choice struct {
 	Force bool
 }
 
-// AskRequest describes held traffic.
+// AskRequest describes held traffic. It asks about one request when it has
+// a Method or a URL with a path (scheme://authority/path), and about a
+// connection otherwise.
 type AskRequest struct {
 	Source string
 	Host   string // normalised name or IP
@@ -75,8 +78,10 @@ type AskRequest struct {
 
 // Pending is an approval waiting for a person.
 type Pending struct {
-	ID          string
-	Source      string // the member that asked first
+	ID     string
+	Source string // the member that asked
+	// Sources is Source alone (none when Source is ""): an approval is
+	// never shared between members. It stays for the API's sake.
 	Sources     []string
 	Host        string
 	Port        uint16
@@ -119,9 +124,11 @@ type BrokerConfig struct {
 	Now func() time.Time
 }
 
-// Broker holds traffic no rule decides until a person does. Requests to
-// the same host and port share one pending approval. It is safe for
-// concurrent use.
+// Broker holds traffic no rule decides until a person does. Connections of
+// one member to the same host and port share one pending approval, and so
+// do requests of one member with the same method and URL; nothing else
+// does, so that a person decides exactly what they see, for the member
+// they see. It is safe for concurrent use.
 type Broker struct {
 	cfg BrokerConfig
 
@@ -132,9 +139,49 @@ type Broker struct {
 
 type pendingState struct {
 	Pending
-	key  string
+	key  askKey
 	done chan struct{} // closed when decided
 	out  Outcome
+}
+
+// askKey says which asks share an approval.
+type askKey struct {
+	source string
+	host   string
+	port   uint16
+	// method and url are set for a request and empty for a connection.
+	method, url string
+}
+
+func keyOf(req AskRequest) askKey {
+	k := askKey{source: req.Source, host: req.Host, port: req.Port}
+	if req.isRequest() {
+		k.method, k.url = req.Method, req.URL
+	}
+	return k
+}
+
+func (req AskRequest) isRequest() bool {
+	_, ok := urlPath(req.URL)
+	return req.Method != "" || ok
+}
+
+// urlPath returns the request target (path and query) of a URL
+// "scheme://authority/path?query", and false when u has no path, such as
+// "host:port".
+func urlPath(u string) (string, bool) {
+	_, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return "", false
+	}
+	i := strings.IndexAny(rest, "/?")
+	if i < 0 {
+		return "", false
+	}
+	if rest[i] == '?' {
+		return "/" + rest[i:], true
+	}
+	return rest[i:], true
 }
 
 // NewBroker returns a broker for a sandbox.
@@ -171,19 +218,12 @@ func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
 	}
 }
 
-func pendingKey(host string, port uint16) string {
-	return host + ":" + strconv.Itoa(int(port))
-}
-
 func (b *Broker) join(req AskRequest) *pendingState {
-	key := pendingKey(req.Host, req.Port)
+	key := keyOf(req)
 	b.mu.Lock()
 	for _, ps := range b.pending {
 		if ps.key == key {
 			ps.Waiting++
-			if req.Source != "" && !slices.Contains(ps.Sources, req.Source) {
-				ps.Sources = append(ps.Sources, req.Source)
-			}
 			b.mu.Unlock()
 			return ps
 		}
@@ -198,7 +238,7 @@ func (b *Broker) join(req AskRequest) *pendingState {
 	sugg, _ := Suggest(req.Host)
 	url := req.URL
 	if url == "" {
-		url = key
+		url = req.Host + ":" + strconv.Itoa(int(req.Port))
 	}
 	ps := &pendingState{
 		Pending: Pending{
