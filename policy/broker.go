@@ -139,9 +139,11 @@ type Broker struct {
 
 type pendingState struct {
 	Pending
-	key  askKey
-	done chan struct{} // closed when decided
-	out  Outcome
+	key askKey
+	// query is the question ReleaseAllowed asks the rules again.
+	query Query
+	done  chan struct{} // closed when decided
+	out   Outcome
 }
 
 // askKey says which asks share an approval.
@@ -151,6 +153,16 @@ type askKey struct {
 	port   uint16
 	// method and url are set for a request and empty for a connection.
 	method, url string
+}
+
+// queryOf is the policy question behind an ask: about the request, with
+// the path of its URL, when it asks about one.
+func queryOf(req AskRequest) Query {
+	q := Query{Source: req.Source, Host: req.Host, Port: req.Port}
+	if path, ok := urlPath(req.URL); ok || req.Method != "" {
+		q.Method, q.Path = req.Method, path
+	}
+	return q
 }
 
 func keyOf(req AskRequest) askKey {
@@ -246,8 +258,9 @@ func (b *Broker) join(req AskRequest) *pendingState {
 			Method: req.Method, URL: url, Created: now, Deadline: now.Add(timeout),
 			Suggestions: sugg, Headers: req.Headers, Waiting: 1,
 		},
-		key:  key,
-		done: make(chan struct{}),
+		key:   key,
+		query: queryOf(req),
+		done:  make(chan struct{}),
 	}
 	if req.Source != "" {
 		ps.Sources = []string{req.Source}
@@ -319,9 +332,10 @@ func (b *Broker) Get(id string) (Pending, bool) {
 }
 
 // Decide applies a person's choice to a pending approval. An allow_pattern
-// rule is added before anything is released, and releases every other
-// pending approval it now allows. A bad pattern is an error and decides
-// nothing.
+// rule is added before anything is released; it answers this approval yes
+// and releases the other pending approvals that the rules, asked again
+// about each one's own question, now allow (see ReleaseAllowed). A bad
+// pattern is an error and decides nothing.
 func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 	b.mu.Lock()
 	ps, ok := b.pending[id]
@@ -364,23 +378,29 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.ReleaseAllowed()
 		// The chosen pattern may not cover the asking host (a person may
-		// pick any pattern); this approval is still answered yes once.
+		// pick any pattern, and a rule without a member does not speak for
+		// a high-risk or user_added member); the person saw this approval,
+		// so it is still answered yes once. The others get only what the
+		// rules allow them.
 		b.resolve(ps, Outcome{Allowed: true, Rule: r, Reason: "approved by pattern " + r.Pattern.String()}, "allow_pattern", r)
+		b.ReleaseAllowed()
 		return r, nil
 	}
 	return nil, fmt.Errorf("decide %s: unknown action %v", id, c.Action)
 }
 
 // ReleaseAllowed lets through every pending approval the sandbox's rules
-// now allow.
+// now allow. Each is decided again with its own question: its member, host
+// and port, and for a request its method and path. So a path rule releases
+// only the requests it covers, and a high-risk or user_added member only by
+// a rule naming it.
 func (b *Broker) ReleaseAllowed() {
 	b.mu.Lock()
 	var allowed []*pendingState
 	var rules []*Rule
 	for _, ps := range b.pending {
-		d := b.cfg.Sandbox.Decide(Query{Source: ps.Source, Host: ps.Host, Port: ps.Port})
+		d := b.cfg.Sandbox.Decide(ps.query)
 		if d.Verdict == Allow && d.Rule != nil {
 			allowed = append(allowed, ps)
 			rules = append(rules, d.Rule)

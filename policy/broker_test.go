@@ -426,3 +426,54 @@ func TestBrokerAllowPatternKeepsNarrowMembersHeld(t *testing.T) {
 		})
 	}
 }
+
+func TestBrokerReleaseAllowedDecidesTheRequest(t *testing.T) {
+	b, s, _, _ := newTestBroker(t, time.Minute)
+	public := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/public/a"})
+	private := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/private/b"})
+	conn := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443})
+	waitPending(t, b, 3, 3)
+	r, err := s.Add(AddRequest{Pattern: "x.example/public/*", List: Allowlist})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.ReleaseAllowed()
+	if o := outcome(t, public); !o.Allowed || o.Rule == nil || o.Rule.ID != r.ID {
+		t.Errorf("/public/a outcome %+v, want allowed by x.example/public/*", o)
+	}
+	stillHeld(t, private, "/private/b")
+	// The rule does not answer the connection-level question: its
+	// requests must be seen one by one.
+	stillHeld(t, conn, "the connection")
+	if got := b.List(); len(got) != 2 {
+		t.Errorf("pending %+v, want /private/b and the connection", got)
+	}
+}
+
+func TestAskQuery(t *testing.T) {
+	tests := []struct {
+		name string
+		req  AskRequest
+		want Query
+	}{
+		{"connection", AskRequest{Source: "agent", Host: "x.example", Port: 443, URL: "x.example:443"}, Query{Source: "agent", Host: "x.example", Port: 443}},
+		{"connection without URL", AskRequest{Host: "x.example", Port: 443}, Query{Host: "x.example", Port: 443}},
+		{"IPv6 connection", AskRequest{Host: "2001:db8::1", Port: 443, URL: "2001:db8::1:443"}, Query{Host: "2001:db8::1", Port: 443}},
+		{"request", AskRequest{Source: "mcp:fetch", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/exfil?secret=1"}, Query{Source: "mcp:fetch", Host: "x.example", Port: 443, Method: "GET", Path: "/exfil?secret=1"}},
+		{"request with a port", AskRequest{Host: "::1", Port: 8443, Method: "POST", URL: "https://[::1]:8443/a/b"}, Query{Host: "::1", Port: 8443, Method: "POST", Path: "/a/b"}},
+		{"query without a path", AskRequest{Host: "x.example", Port: 80, URL: "http://x.example?q=1"}, Query{Host: "x.example", Port: 80, Path: "/?q=1"}},
+		{"plain HTTP connection", AskRequest{Host: "x.example", Port: 80, URL: "http://x.example/index.html"}, Query{Host: "x.example", Port: 80, Path: "/index.html"}},
+		{"method without a URL", AskRequest{Host: "x.example", Port: 443, Method: "GET"}, Query{Host: "x.example", Port: 443, Method: "GET"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := queryOf(tt.req)
+			if diff := gocmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("queryOf(%+v) (-want +got):\n%s", tt.req, diff)
+			}
+			if got.IsRequest() != tt.req.isRequest() {
+				t.Errorf("query is a request: %v, ask is a request: %v", got.IsRequest(), tt.req.isRequest())
+			}
+		})
+	}
+}
