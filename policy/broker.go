@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -62,7 +63,9 @@ type Choice struct {
 	Force bool
 }
 
-// AskRequest describes held traffic.
+// AskRequest describes held traffic. It asks about one request when it has
+// a Method or a URL with a path (scheme://authority/path), and about a
+// connection otherwise.
 type AskRequest struct {
 	Source string
 	Host   string // normalised name or IP
@@ -75,8 +78,10 @@ type AskRequest struct {
 
 // Pending is an approval waiting for a person.
 type Pending struct {
-	ID          string
-	Source      string // the member that asked first
+	ID     string
+	Source string // the member that asked
+	// Sources is Source alone (none when Source is ""): an approval is
+	// never shared between members. It stays for the API's sake.
 	Sources     []string
 	Host        string
 	Port        uint16
@@ -119,9 +124,11 @@ type BrokerConfig struct {
 	Now func() time.Time
 }
 
-// Broker holds traffic no rule decides until a person does. Requests to
-// the same host and port share one pending approval. It is safe for
-// concurrent use.
+// Broker holds traffic no rule decides until a person does. Connections of
+// one member to the same host and port share one pending approval, and so
+// do requests of one member with the same method and URL; nothing else
+// does, so that a person decides exactly what they see, for the member
+// they see. It is safe for concurrent use.
 type Broker struct {
 	cfg BrokerConfig
 
@@ -132,9 +139,61 @@ type Broker struct {
 
 type pendingState struct {
 	Pending
-	key  string
-	done chan struct{} // closed when decided
-	out  Outcome
+	key askKey
+	// query is the question ReleaseAllowed asks the rules again.
+	query Query
+	done  chan struct{} // closed when decided
+	out   Outcome
+}
+
+// askKey says which asks share an approval.
+type askKey struct {
+	source string
+	host   string
+	port   uint16
+	// method and url are set for a request and empty for a connection.
+	method, url string
+}
+
+// queryOf is the policy question behind an ask: about the request, with
+// the path of its URL, when it asks about one.
+func queryOf(req AskRequest) Query {
+	q := Query{Source: req.Source, Host: req.Host, Port: req.Port}
+	if path, ok := urlPath(req.URL); ok || req.Method != "" {
+		q.Method, q.Path = req.Method, path
+	}
+	return q
+}
+
+func keyOf(req AskRequest) askKey {
+	k := askKey{source: req.Source, host: req.Host, port: req.Port}
+	if req.isRequest() {
+		k.method, k.url = req.Method, req.URL
+	}
+	return k
+}
+
+func (req AskRequest) isRequest() bool {
+	_, ok := urlPath(req.URL)
+	return req.Method != "" || ok
+}
+
+// urlPath returns the request target (path and query) of a URL
+// "scheme://authority/path?query", and false when u has no path, such as
+// "host:port".
+func urlPath(u string) (string, bool) {
+	_, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return "", false
+	}
+	i := strings.IndexAny(rest, "/?")
+	if i < 0 {
+		return "", false
+	}
+	if rest[i] == '?' {
+		return "/" + rest[i:], true
+	}
+	return rest[i:], true
 }
 
 // NewBroker returns a broker for a sandbox.
@@ -171,19 +230,12 @@ func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
 	}
 }
 
-func pendingKey(host string, port uint16) string {
-	return host + ":" + strconv.Itoa(int(port))
-}
-
 func (b *Broker) join(req AskRequest) *pendingState {
-	key := pendingKey(req.Host, req.Port)
+	key := keyOf(req)
 	b.mu.Lock()
 	for _, ps := range b.pending {
 		if ps.key == key {
 			ps.Waiting++
-			if req.Source != "" && !slices.Contains(ps.Sources, req.Source) {
-				ps.Sources = append(ps.Sources, req.Source)
-			}
 			b.mu.Unlock()
 			return ps
 		}
@@ -198,7 +250,7 @@ func (b *Broker) join(req AskRequest) *pendingState {
 	sugg, _ := Suggest(req.Host)
 	url := req.URL
 	if url == "" {
-		url = key
+		url = req.Host + ":" + strconv.Itoa(int(req.Port))
 	}
 	ps := &pendingState{
 		Pending: Pending{
@@ -206,8 +258,9 @@ func (b *Broker) join(req AskRequest) *pendingState {
 			Method: req.Method, URL: url, Created: now, Deadline: now.Add(timeout),
 			Suggestions: sugg, Headers: req.Headers, Waiting: 1,
 		},
-		key:  key,
-		done: make(chan struct{}),
+		key:   key,
+		query: queryOf(req),
+		done:  make(chan struct{}),
 	}
 	if req.Source != "" {
 		ps.Sources = []string{req.Source}
@@ -279,9 +332,10 @@ func (b *Broker) Get(id string) (Pending, bool) {
 }
 
 // Decide applies a person's choice to a pending approval. An allow_pattern
-// rule is added before anything is released, and releases every other
-// pending approval it now allows. A bad pattern is an error and decides
-// nothing.
+// rule is added before anything is released; it answers this approval yes
+// and releases the other pending approvals that the rules, asked again
+// about each one's own question, now allow (see ReleaseAllowed). A bad
+// pattern is an error and decides nothing.
 func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 	b.mu.Lock()
 	ps, ok := b.pending[id]
@@ -324,23 +378,29 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.ReleaseAllowed()
 		// The chosen pattern may not cover the asking host (a person may
-		// pick any pattern); this approval is still answered yes once.
+		// pick any pattern, and a rule without a member does not speak for
+		// a high-risk or user_added member); the person saw this approval,
+		// so it is still answered yes once. The others get only what the
+		// rules allow them.
 		b.resolve(ps, Outcome{Allowed: true, Rule: r, Reason: "approved by pattern " + r.Pattern.String()}, "allow_pattern", r)
+		b.ReleaseAllowed()
 		return r, nil
 	}
 	return nil, fmt.Errorf("decide %s: unknown action %v", id, c.Action)
 }
 
 // ReleaseAllowed lets through every pending approval the sandbox's rules
-// now allow.
+// now allow. Each is decided again with its own question: its member, host
+// and port, and for a request its method and path. So a path rule releases
+// only the requests it covers, and a high-risk or user_added member only by
+// a rule naming it.
 func (b *Broker) ReleaseAllowed() {
 	b.mu.Lock()
 	var allowed []*pendingState
 	var rules []*Rule
 	for _, ps := range b.pending {
-		d := b.cfg.Sandbox.Decide(Query{Source: ps.Source, Host: ps.Host, Port: ps.Port})
+		d := b.cfg.Sandbox.Decide(ps.query)
 		if d.Verdict == Allow && d.Rule != nil {
 			allowed = append(allowed, ps)
 			rules = append(rules, d.Rule)

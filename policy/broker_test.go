@@ -1,12 +1,16 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	gocmp "github.com/google/go-cmp/cmp"
 )
 
 func newTestBroker(t *testing.T, timeout time.Duration) (*Broker, *Sandbox, string, *[]BrokerEvent) {
@@ -190,5 +194,286 @@ func TestBrokerDecideErrors(t *testing.T) {
 	collect()
 	if _, err := ParseResolution("maybe"); err == nil {
 		t.Error("ParseResolution accepted maybe")
+	}
+}
+
+// ask starts one Ask and returns where its outcome arrives. The Ask ends
+// with the test if nobody decided it.
+func ask(t *testing.T, b *Broker, req AskRequest) <-chan Outcome {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan Outcome, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ch <- b.Ask(ctx, req)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return ch
+}
+
+func outcome(t *testing.T, ch <-chan Outcome) Outcome {
+	t.Helper()
+	select {
+	case o := <-ch:
+		return o
+	case <-time.After(5 * time.Second):
+		t.Fatal("held request not released")
+		return Outcome{}
+	}
+}
+
+// stillHeld fails if the Ask behind ch has returned.
+func stillHeld(t *testing.T, ch <-chan Outcome, what string) {
+	t.Helper()
+	select {
+	case o := <-ch:
+		t.Errorf("%s released: %+v, want still held", what, o)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+func pendingBySource(t *testing.T, b *Broker, source string) Pending {
+	t.Helper()
+	for _, p := range b.List() {
+		if p.Source == source {
+			return p
+		}
+	}
+	t.Fatalf("no approval for %s in %+v", source, b.List())
+	return Pending{}
+}
+
+func TestBrokerMergesOnlyTheSameQuestion(t *testing.T) {
+	type approval struct {
+		Source  string
+		Sources []string
+		Method  string
+		URL     string
+		Waiting int
+	}
+	conn := func(source string) AskRequest {
+		return AskRequest{Source: source, Host: "x.example", Port: 443}
+	}
+	req := func(source, method, url string) AskRequest {
+		return AskRequest{Source: source, Host: "x.example", Port: 443, Method: method, URL: url}
+	}
+	tests := []struct {
+		name string
+		asks []AskRequest
+		want []approval
+	}{
+		{
+			name: "connections of one member to one host",
+			asks: []AskRequest{conn("agent"), conn("agent"), conn("agent")},
+			want: []approval{{"agent", []string{"agent"}, "", "x.example:443", 3}},
+		},
+		{
+			name: "two members to one host",
+			asks: []AskRequest{conn("agent"), conn("mcp:github")},
+			want: []approval{
+				{"agent", []string{"agent"}, "", "x.example:443", 1},
+				{"mcp:github", []string{"mcp:github"}, "", "x.example:443", 1},
+			},
+		},
+		{
+			name: "two requests with different paths",
+			asks: []AskRequest{req("agent", "GET", "https://x.example/a"), req("agent", "GET", "https://x.example/b")},
+			want: []approval{
+				{"agent", []string{"agent"}, "GET", "https://x.example/a", 1},
+				{"agent", []string{"agent"}, "GET", "https://x.example/b", 1},
+			},
+		},
+		{
+			name: "the same request twice",
+			asks: []AskRequest{req("agent", "GET", "https://x.example/a"), req("agent", "GET", "https://x.example/a")},
+			want: []approval{{"agent", []string{"agent"}, "GET", "https://x.example/a", 2}},
+		},
+		{
+			name: "the same URL with another method",
+			asks: []AskRequest{req("agent", "GET", "https://x.example/a"), req("agent", "POST", "https://x.example/a")},
+			want: []approval{
+				{"agent", []string{"agent"}, "GET", "https://x.example/a", 1},
+				{"agent", []string{"agent"}, "POST", "https://x.example/a", 1},
+			},
+		},
+		{
+			name: "the same request from two members",
+			asks: []AskRequest{req("agent", "GET", "https://x.example/a"), req("mcp:fetch", "GET", "https://x.example/a")},
+			want: []approval{
+				{"agent", []string{"agent"}, "GET", "https://x.example/a", 1},
+				{"mcp:fetch", []string{"mcp:fetch"}, "GET", "https://x.example/a", 1},
+			},
+		},
+		{
+			name: "a connection and a request",
+			asks: []AskRequest{conn("agent"), req("agent", "GET", "https://x.example/a")},
+			want: []approval{
+				{"agent", []string{"agent"}, "", "x.example:443", 1},
+				{"agent", []string{"agent"}, "GET", "https://x.example/a", 1},
+			},
+		},
+		{
+			name: "plain HTTP connections for different paths",
+			asks: []AskRequest{
+				{Source: "agent", Host: "x.example", Port: 80, URL: "http://x.example/a"},
+				{Source: "agent", Host: "x.example", Port: 80, URL: "http://x.example/b"},
+			},
+			want: []approval{
+				{"agent", []string{"agent"}, "", "http://x.example/a", 1},
+				{"agent", []string{"agent"}, "", "http://x.example/b", 1},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, _, _, _ := newTestBroker(t, time.Minute)
+			for _, r := range tt.asks {
+				ask(t, b, r)
+			}
+			waitPending(t, b, len(tt.want), len(tt.asks))
+			var got []approval
+			for _, p := range b.List() {
+				got = append(got, approval{p.Source, p.Sources, p.Method, p.URL, p.Waiting})
+			}
+			slices.SortFunc(got, func(a, b approval) int {
+				return cmp.Compare(a.Source+" "+a.Method+" "+a.URL, b.Source+" "+b.Method+" "+b.URL)
+			})
+			if diff := gocmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("approvals (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestBrokerAllowOnceReleasesOnlyItsMember(t *testing.T) {
+	b, s, _, _ := newTestBroker(t, time.Minute)
+	agent1 := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443})
+	agent2 := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443})
+	github := ask(t, b, AskRequest{Source: "mcp:github", Host: "x.example", Port: 443})
+	waitPending(t, b, 2, 3)
+	if _, err := b.Decide(pendingBySource(t, b, "agent").ID, Choice{Action: ResolveAllowOnce}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []<-chan Outcome{agent1, agent2} {
+		if o := outcome(t, ch); !o.Allowed || o.Reason != "approved once" {
+			t.Errorf("agent's outcome %+v, want approved once", o)
+		}
+	}
+	stillHeld(t, github, "mcp:github's connection")
+	if p := b.List(); len(p) != 1 || p[0].Source != "mcp:github" || len(s.Rules()) != 0 {
+		t.Errorf("pending %+v and rules %v, want mcp:github's approval and no rule", p, s.Rules())
+	}
+}
+
+// A member whose rules are narrower than everyone's (high-risk, user_added)
+// must not get through on another member's approval or pattern.
+func TestBrokerAllowPatternKeepsNarrowMembersHeld(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy string
+		member string
+		req    AskRequest
+	}{
+		{
+			name:   "high-risk MCP server",
+			policy: "sandbox:\n  unknown_action: ask\n  mcp_servers:\n    - name: fetch\n",
+			member: "mcp:fetch",
+			req:    AskRequest{Source: "mcp:fetch", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/exfil?secret=1"},
+		},
+		{
+			name:   "user_added member",
+			policy: "sandbox:\n  unknown_action: ask\n  mcp_servers:\n    - name: custom\n      transport: sse\n      image: custom-mcp:1\n",
+			member: "mcp:custom",
+			req:    AskRequest{Source: "mcp:custom", Host: "x.example", Port: 443},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _ := openTestSandbox(t, tt.policy)
+			b, err := NewBroker(BrokerConfig{Sandbox: s, Timeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			agent := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443})
+			waitPending(t, b, 1, 1)
+			narrow := ask(t, b, tt.req)
+			waitPending(t, b, 2, 2)
+			p := pendingBySource(t, b, tt.member)
+			if want := tt.req.URL; want != "" && p.URL != want {
+				t.Errorf("%s's approval shows %s, want %s", tt.member, p.URL, want)
+			}
+			r, err := b.Decide(pendingBySource(t, b, "agent").ID, Choice{Action: ResolveAllowPattern, Pattern: "x.example"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := outcome(t, agent); !o.Allowed || o.Rule == nil || o.Rule.ID != r.ID {
+				t.Errorf("agent's outcome %+v, want allowed by x.example", o)
+			}
+			stillHeld(t, narrow, tt.member+"'s request")
+			if got := b.List(); len(got) != 1 || got[0].Source != tt.member {
+				t.Fatalf("pending %+v, want %s's approval only", got, tt.member)
+			}
+			// A rule naming the member does release it.
+			mr, err := s.Add(AddRequest{Pattern: "x.example", List: Allowlist, Member: tt.member})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.ReleaseAllowed()
+			if o := outcome(t, narrow); !o.Allowed || o.Rule == nil || o.Rule.ID != mr.ID {
+				t.Errorf("%s's outcome %+v, want allowed by its member rule", tt.member, o)
+			}
+		})
+	}
+}
+
+func TestBrokerReleaseAllowedDecidesTheRequest(t *testing.T) {
+	b, s, _, _ := newTestBroker(t, time.Minute)
+	public := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/public/a"})
+	private := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/private/b"})
+	conn := ask(t, b, AskRequest{Source: "agent", Host: "x.example", Port: 443})
+	waitPending(t, b, 3, 3)
+	r, err := s.Add(AddRequest{Pattern: "x.example/public/*", List: Allowlist})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.ReleaseAllowed()
+	if o := outcome(t, public); !o.Allowed || o.Rule == nil || o.Rule.ID != r.ID {
+		t.Errorf("/public/a outcome %+v, want allowed by x.example/public/*", o)
+	}
+	stillHeld(t, private, "/private/b")
+	// The rule does not answer the connection-level question: its
+	// requests must be seen one by one.
+	stillHeld(t, conn, "the connection")
+	if got := b.List(); len(got) != 2 {
+		t.Errorf("pending %+v, want /private/b and the connection", got)
+	}
+}
+
+func TestAskQuery(t *testing.T) {
+	tests := []struct {
+		name string
+		req  AskRequest
+		want Query
+	}{
+		{"connection", AskRequest{Source: "agent", Host: "x.example", Port: 443, URL: "x.example:443"}, Query{Source: "agent", Host: "x.example", Port: 443}},
+		{"connection without URL", AskRequest{Host: "x.example", Port: 443}, Query{Host: "x.example", Port: 443}},
+		{"IPv6 connection", AskRequest{Host: "2001:db8::1", Port: 443, URL: "2001:db8::1:443"}, Query{Host: "2001:db8::1", Port: 443}},
+		{"request", AskRequest{Source: "mcp:fetch", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/exfil?secret=1"}, Query{Source: "mcp:fetch", Host: "x.example", Port: 443, Method: "GET", Path: "/exfil?secret=1"}},
+		{"request with a port", AskRequest{Host: "::1", Port: 8443, Method: "POST", URL: "https://[::1]:8443/a/b"}, Query{Host: "::1", Port: 8443, Method: "POST", Path: "/a/b"}},
+		{"query without a path", AskRequest{Host: "x.example", Port: 80, URL: "http://x.example?q=1"}, Query{Host: "x.example", Port: 80, Path: "/?q=1"}},
+		{"plain HTTP connection", AskRequest{Host: "x.example", Port: 80, URL: "http://x.example/index.html"}, Query{Host: "x.example", Port: 80, Path: "/index.html"}},
+		{"method without a URL", AskRequest{Host: "x.example", Port: 443, Method: "GET"}, Query{Host: "x.example", Port: 443, Method: "GET"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := queryOf(tt.req)
+			if diff := gocmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("queryOf(%+v) (-want +got):\n%s", tt.req, diff)
+			}
+			if got.IsRequest() != tt.req.isRequest() {
+				t.Errorf("query is a request: %v, ask is a request: %v", got.IsRequest(), tt.req.isRequest())
+			}
+		})
 	}
 }
