@@ -78,7 +78,10 @@ type Config struct {
 	PeekTimeout time.Duration
 	// SniffTimeout is how long a connection already named by its fake IP
 	// is given to start talking before it is taken for a protocol where
-	// the server speaks first (SSH, SMTP). Default 300 ms.
+	// the server speaks first (SSH, SMTP). Default 300 ms. On the web's
+	// ports (80, 443, 8080, 8443), where the client always speaks first,
+	// the window is ten times as long, so a busy client is not taken for a
+	// silent one.
 	SniffTimeout time.Duration
 	// ConnectTimeout bounds each upstream dial. Default 10 s.
 	ConnectTimeout time.Duration
@@ -313,7 +316,7 @@ func (p *Proxy) handle(client *net.TCPConn) {
 			return
 		}
 		name = n
-		if err := p.peek(c, p.cfg.SniffTimeout, true); err != nil {
+		if err := p.peek(c, p.sniffWindow(dst.Port()), true); err != nil {
 			p.reset(c, err.Error())
 			return
 		}
@@ -637,6 +640,16 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 	default:
 		c.rec.Close = "closed"
 	}
+}
+
+// sniffWindow is SniffTimeout, or ten times it on a port where the client
+// always speaks first.
+func (p *Proxy) sniffWindow(port uint16) time.Duration {
+	switch port {
+	case 80, 443, 8080, 8443:
+		return 10 * p.cfg.SniffTimeout
+	}
+	return p.cfg.SniffTimeout
 }
 
 // firstBytes checks the first bytes of a client that was silent in the
