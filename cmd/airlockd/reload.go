@@ -205,14 +205,7 @@ func fingerprintOf(path string) fingerprint {
 // does not parse is refused with its file and line, once per change. In
 // both cases the policy in force stays.
 func (d *daemon) watchPolicies(interval time.Duration, stop <-chan struct{}) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
+	every(interval, stop, func() {
 		d.mu.Lock()
 		running := slices.Clone(d.sandboxes)
 		d.mu.Unlock()
@@ -243,6 +236,20 @@ func (d *daemon) watchPolicies(interval time.Duration, stop <-chan struct{}) {
 			}
 			d.setHeld(s, nil)
 			d.log.Info("policy file changed; reloaded", "sandbox", s.cfg.Name, "policy", s.cfg.Policy, "rules", len(s.policy.Rules()))
+		}
+	})
+}
+
+// every calls f every interval until stop is closed.
+func every(interval time.Duration, stop <-chan struct{}, f func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			f()
 		}
 	}
 }
@@ -285,17 +292,10 @@ func (d *daemon) status() string {
 // closed. A daemon stuck holding its lock stops the pings, and systemd
 // restarts it.
 func (d *daemon) watchdog(interval time.Duration, stop <-chan struct{}) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
+	every(interval, stop, func() {
 		// Taking the lock proves nothing holds it for good.
 		d.mu.Lock()
 		d.mu.Unlock()
 		d.notify("WATCHDOG=1")
-	}
+	})
 }
