@@ -42,7 +42,7 @@ func call(t *testing.T, w *testworld.World, token, method, path, body string) (i
 }
 
 // callAt sends an API request to the API at base with client.
-func callAt(t *testing.T, client *http.Client, base, token, method, path, body string) (int, string) {
+func callAt(t testing.TB, client *http.Client, base, token, method, path, body string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+token)
