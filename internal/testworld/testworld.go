@@ -62,6 +62,10 @@ type World struct {
 	CAFile string
 
 	DNS *dnsgatetest.Server
+	// DaemonLogLevel is airlockd's --log-level; "" means debug, which
+	// tests read. Benchmarks set info: a debug line per connection is
+	// work a production daemon does not do.
+	DaemonLogLevel string
 
 	mu   sync.Mutex // guards logs
 	logs []string   // "proto addr ← from: data" lines of everything that reached the internet
@@ -452,10 +456,14 @@ func (w *World) startDaemon(inHost bool, cfg string, env ...string) *Daemon {
 	w.t.Helper()
 	bin := Binaries(w.t)
 	d := &Daemon{w: w, Log: &SyncBuffer{}, done: make(chan struct{}), cfg: cfg, env: env}
+	level := w.DaemonLogLevel
+	if level == "" {
+		level = "debug"
+	}
 	if inHost {
-		d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+		d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", level)
 	} else {
-		d.cmd = exec.Command(filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+		d.cmd = exec.Command(filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", level)
 	}
 	d.cmd.Env = append(os.Environ(), env...)
 	d.cmd.Stdout, d.cmd.Stderr = d.Log, d.Log
