@@ -38,8 +38,9 @@ type benchPath struct {
 	ca   string // CA file the client trusts; "" = the member's environment (the sandbox CA)
 	pid  int    // the proxy's process, for CPU and memory figures; 0 = none
 	// slow scales work down for a peer orders of magnitude slower
-	// (mitmdump), so that the run stays short: sizes and counts are divided by it.
-	slow int
+	// (mitmdump), so that the run stays short: sizes and counts are divided
+	// by it. slowConns does the same for new-connection benchmarks only.
+	slow, slowConns int
 	cmd  func(argv ...string) *exec.Cmd
 }
 
@@ -128,11 +129,14 @@ func startPeer(b *testing.B, w *testworld.World, net, port string, env []string,
 	cmd.Env = append(os.Environ(), env...)
 	log := &testworld.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
+	// Its own process group, so that the processes it forks go with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 2 * time.Second
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		cmd.Process.Kill()
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		cmd.Wait()
 		if b.Failed() {
 			b.Logf("%s:\n%s", argv[0], log.String())
@@ -154,31 +158,56 @@ func waitServing(b *testing.B, p benchPath) {
 	b.Fatalf("%s not serving after 30 s: %q %v", p.name, out, err)
 }
 
-// cpuTicks is the user and system CPU time pid has used, in clock ticks
-// (1/100 s).
-func cpuTicks(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
+// procTree is pid and all its descendants: sslsplit and squid work in
+// child processes.
+func procTree(pid int) []int {
+	if pid == 0 {
+		return nil
 	}
-	// Fields after the command name, which may hold spaces: state is
-	// field 3, utime 14, stime 15.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	s, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + s
-}
-
-// rssKiB is pid's resident memory.
-func rssKiB(pid int) int64 {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n
+	out := []int{pid}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(b)) {
+			c, _ := strconv.Atoi(f)
+			out = append(out, procTree(c)...)
 		}
 	}
-	return 0
+	return out
+}
+
+// cpuTicks is the user and system CPU time pid and its descendants have
+// used, in clock ticks (1/100 s).
+func cpuTicks(pid int) int64 {
+	var n int64
+	for _, p := range procTree(pid) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which may hold spaces: state is
+		// field 3, utime 14, stime 15.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		n += u + s
+	}
+	return n
+}
+
+// rssKiB is the resident memory of pid and its descendants.
+func rssKiB(pid int) int64 {
+	var n int64
+	for _, p := range procTree(pid) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+				k, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				n += k
+			}
+		}
+	}
+	return n
 }
 
 // benchDownload fetches size bytes (scaled down on slow paths) with curl
@@ -213,7 +242,7 @@ func benchDownload(b *testing.B, label string, paths []benchPath, size, streams 
 func benchConns(b *testing.B, label string, paths []benchPath, c, n, names int, url string) {
 	for _, p := range paths {
 		b.Run(label+"/"+p.name, func(b *testing.B) {
-			out, err := p.run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "conns", strconv.Itoa(c), strconv.Itoa(p.div(n)), strconv.Itoa(names), url)
+			out, err := p.run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "conns", strconv.Itoa(c), strconv.Itoa(n/max(p.slow, p.slowConns, 1)), strconv.Itoa(names), url)
 			var rate, p50, p99 float64
 			if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rate %f p50 %f p99 %f", &rate, &p50, &p99); n != 3 {
 				b.Fatalf("%v: %q", err, out)
@@ -516,7 +545,12 @@ func BenchmarkIntercept(b *testing.B) {
 	}
 	sNS, sPid := startPeer(b, w, "10.96.0", "15004", []string{"SSL_CERT_FILE=" + upCA}, sslsplit, "-u", "root", "-k", peerKey, "-c", peerCA, "-K", leafKey,
 		"-o", "VerifyPeer=yes", "ssl", "10.96.0.1", "15004")
-	paths = append(paths, nsPath("sslsplit", sNS, peerCA, sPid))
+	split := nsPath("sslsplit", sNS, peerCA, sPid)
+	// Each new connection through sslsplit takes about 250 ms whatever
+	// the load (its rate is bound by latency, not CPU): fewer of them
+	// give the same rate in less time.
+	split.slowConns = 16
+	paths = append(paths, split)
 
 	// squid: ssl-bump in intercept mode (peek at the ClientHello, then
 	// bump), caching off, certificates minted by its helper.
@@ -548,8 +582,10 @@ coredump_dir %[1]s
 max_filedescriptors 65536
 shutdown_lifetime 0 seconds
 `, peerDir, testworld.DNSAddr)), 0o644)
-	qNS, _ := startPeer(b, w, "10.95.0", "15005", nil, squid, "-N", "-f", squidConf)
-	paths = append(paths, nsPath("squid", qNS, peerCA, 0))
+	qNS, qPid := startPeer(b, w, "10.95.0", "15005", nil, squid, "-N", "-f", squidConf)
+	sq := nsPath("squid", qNS, peerCA, qPid)
+	sq.slowConns = 4
+	paths = append(paths, sq)
 	paths = append(paths, memberPath(w, cfg, "", d))
 	for _, p := range paths[1:] {
 		waitServing(b, p)
