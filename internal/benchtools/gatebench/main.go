@@ -2,7 +2,7 @@
 // names under bench.test get fake IPs, denied.test is denied, names under
 // fwd.test are allowed and forwarded to a fake upstream it also runs (TXT
 // records t0..t999.fwd.test). The exfiltration guard's cap is lifted so the
-// forwarded set does not trip it. It runs until SIGINT or SIGTERM.
+// forwarded set does not trip it. -rules pads the policy to that many rules. It runs until SIGINT or SIGTERM.
 package main
 
 import (
@@ -24,6 +24,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:5301", "gate address")
 	upstream := flag.String("upstream", "127.0.0.1:5300", "fake upstream address (also used by the peers)")
 	noGate := flag.Bool("upstream-only", false, "run only the fake upstream")
+	nRules := flag.Int("rules", 10, "rules in the policy: the two the benchmark needs, the rest exact hosts and wildcards that match none of its names")
 	flag.Parse()
 
 	up := &dnsgatetest.Server{TXT: map[string]string{}}
@@ -37,6 +38,13 @@ func main() {
 		rules := []*policy.Rule{
 			policy.NewRule(policy.Allowlist, policy.User, policy.MustParse("*.fwd.test"), "", "bench", time.Time{}),
 			policy.NewRule(policy.Denylist, policy.User, policy.MustParse("denied.test"), "", "bench", time.Time{}),
+		}
+		for i := len(rules); i < *nRules; i++ {
+			p := fmt.Sprintf("h%d.example.com", i)
+			if i%5 == 0 {
+				p = fmt.Sprintf("*.w%d.example.com", i)
+			}
+			rules = append(rules, policy.NewRule(policy.Allowlist, policy.User, policy.MustParse(p), "", "bench", time.Time{}))
 		}
 		pool, err := dnsgate.NewPool(dnsgate.DefaultPool)
 		if err != nil {
