@@ -1,6 +1,7 @@
 package tproxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -142,6 +143,11 @@ type Proxy struct {
 	// mu guards conns.
 	mu    sync.Mutex
 	conns map[*net.TCPConn]*tracked
+
+	// peekBufs holds MaxPeek-byte buffers for peek: a ClientHello needs a
+	// few hundred bytes of one, and a connection that stays open for
+	// hours keeps only those.
+	peekBufs sync.Pool
 
 	fwdOnce           sync.Once // builds the forwarders on first interception
 	fwdHTTP, fwdHTTPS *httputil.ReverseProxy
@@ -437,7 +443,13 @@ func (c *conn) claimedName() string {
 // a client that sends nothing within wait is fine (a server-first protocol);
 // otherwise silence is an error.
 func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
-	buf := make([]byte, MaxPeek)
+	bp, _ := p.peekBufs.Get().(*[]byte)
+	if bp == nil {
+		b := make([]byte, MaxPeek)
+		bp = &b
+	}
+	defer p.peekBufs.Put(bp)
+	buf := *bp
 	n := 0
 	deadline := time.Now().Add(wait)
 	extended := false
@@ -460,17 +472,17 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 			httpDone := perr != errNeedMore
 			if tlsDone && httpDone {
 				if !errors.Is(herr, errNotTLS) {
-					c.peeked = buf[:n]
+					c.peeked = bytes.Clone(buf[:n])
 					return fmt.Errorf("bad TLS ClientHello: %v", herr)
 				}
 				if !errors.Is(perr, errNotHTTP) {
-					c.peeked = buf[:n]
+					c.peeked = bytes.Clone(buf[:n])
 					return fmt.Errorf("bad HTTP request: %v", perr)
 				}
 				break // another protocol: no name in it
 			}
 			if n == len(buf) {
-				c.peeked = buf[:n]
+				c.peeked = bytes.Clone(buf[:n])
 				return fmt.Errorf("no complete ClientHello or HTTP head in %d bytes", n)
 			}
 			// The first bytes arrived: give the rest the full peek time,
@@ -487,13 +499,13 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 					c.silent = true
 					break
 				}
-				c.peeked = buf[:n]
+				c.peeked = bytes.Clone(buf[:n])
 				if n == 0 {
 					return fmt.Errorf("client sent nothing within %s", wait)
 				}
 				return fmt.Errorf("client stalled after %d bytes", n)
 			}
-			c.peeked = buf[:n]
+			c.peeked = bytes.Clone(buf[:n])
 			if n == 0 {
 				return fmt.Errorf("client closed before sending anything")
 			}
@@ -501,7 +513,7 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 		}
 	}
 	c.client.SetReadDeadline(time.Time{})
-	c.peeked = buf[:n]
+	c.peeked = bytes.Clone(buf[:n])
 	return nil
 }
 
