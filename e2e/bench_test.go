@@ -273,11 +273,12 @@ func benchKeepalive(b *testing.B, paths []benchPath, n int) {
 
 // idleConns is how many connections the idle benchmarks hold: 10,000, or
 // fewer where the open-file limit (which a container without
-// CAP_SYS_RESOURCE cannot raise) does not leave a proxy two sockets each.
-func idleConns() int {
+// CAP_SYS_RESOURCE cannot raise) does not leave the proxies fds
+// descriptors per connection.
+func idleConns(fds int) int {
 	var lim syscall.Rlimit
 	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
-	return scale(min(10000, int(lim.Max-1000)/2/500*500), 1000)
+	return scale(min(10000, int(lim.Max-1000)/fds/500*500), 1000)
 }
 
 // benchIdle opens n TLS connections through each path, one request each,
@@ -298,6 +299,10 @@ func benchIdle(b *testing.B, label string, paths []benchPath, n int) {
 			}
 			defer cmd.Wait()
 			defer stdin.Close()
+			// A proxy that stops accepting (out of descriptors, say) must not
+			// hang the run.
+			timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
+			defer timer.Stop()
 			line, err := bufio.NewReader(stdout).ReadString('\n')
 			if line != fmt.Sprintf("held %d\n", n) {
 				b.Fatalf("%q %v %s", line, err, stderr.String())
@@ -342,7 +347,9 @@ backend b
 	paths := []benchPath{direct, nsPath("haproxy", hpNS, w.CAFile, hpPid), memberPath(w, cfg, w.CAFile, d)}
 	waitServing(b, paths[1])
 
-	benchIdle(b, "idle", pick(paths, "haproxy", "airlock"), idleConns())
+	// airlock's splice holds a pipe per direction while a connection is
+	// open (Go's io.Copy between TCP sockets): six descriptors each.
+	benchIdle(b, "idle", pick(paths, "haproxy", "airlock"), idleConns(6))
 	const size = 1 << 30
 	benchDownload(b, "download-1GiB", paths, scale(size, size/8), 1)
 	benchDownload(b, "download-8x128MiB", paths, scale(size, size/8), 8)
@@ -591,7 +598,7 @@ shutdown_lifetime 0 seconds
 		waitServing(b, p)
 	}
 
-	benchIdle(b, "idle", pick(paths, "sslsplit", "airlock"), idleConns())
+	benchIdle(b, "idle", pick(paths, "sslsplit", "airlock"), idleConns(2))
 	benchDownload(b, "https-download", pick(paths, "direct", "mitmdump", "sslsplit", "squid", "airlock"), scale(1<<30, 128<<20), 1)
 	benchKeepalive(b, paths, scale(20000, 4000))
 	hs := pick(paths, "direct", "sslsplit", "squid", "airlock")

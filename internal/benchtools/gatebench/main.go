@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -25,7 +26,16 @@ func main() {
 	upstream := flag.String("upstream", "127.0.0.1:5300", "fake upstream address (also used by the peers)")
 	noGate := flag.Bool("upstream-only", false, "run only the fake upstream")
 	nRules := flag.Int("rules", 10, "rules in the policy: the two the benchmark needs, the rest exact hosts and wildcards that match none of its names")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fail(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 
 	up := &dnsgatetest.Server{TXT: map[string]string{}}
 	for i := 0; i < 1000; i++ {
