@@ -148,6 +148,7 @@ type Proxy struct {
 	// few hundred bytes of one, and a connection that stays open for
 	// hours keeps only those.
 	peekBufs sync.Pool
+	pipes    *pipePool
 
 	fwdOnce           sync.Once // builds the forwarders on first interception
 	fwdHTTP, fwdHTTPS *httputil.ReverseProxy
@@ -187,7 +188,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	return &Proxy{cfg: cfg, log: log.With("component", "tproxy", "sandbox", cfg.Sandbox),
-		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop}, nil
+		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop, pipes: newPipePool(64)}, nil
 }
 
 // Start binds the listen address and serves until Close.
@@ -234,6 +235,7 @@ func (p *Proxy) Close() error {
 		if p.transport != nil {
 			p.transport.CloseIdleConnections()
 		}
+		p.pipes.close()
 	})
 	return err
 }
@@ -596,8 +598,8 @@ var (
 	broadcast = netip.MustParseAddr("255.255.255.255")
 )
 
-// splice copies between the raw sockets, after the bytes already peeked.
-// io.Copy between two *net.TCPConn uses splice(2); nothing may wrap them.
+// splice copies between the raw sockets with splice(2), after the bytes
+// already peeked; nothing may wrap them.
 // A client that was silent in the sniff window has its first bytes checked
 // before anything of it reaches the upstream; the upstream may speak first
 // meanwhile.
@@ -608,7 +610,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		down, downErr = io.Copy(c.client, up)
+		down, downErr = p.pipes.copy(c.client, up)
 		c.client.CloseWrite()
 	}()
 	if c.silent {
@@ -631,7 +633,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 		}
 		c.rec.Up = int64(len(c.peeked))
 	}
-	n, upErr := io.Copy(up, c.client)
+	n, upErr := p.pipes.copy(up, c.client)
 	c.rec.Up += n
 	if upErr != nil {
 		// The client broke off: end the other direction too.
