@@ -41,7 +41,7 @@ type benchPath struct {
 	// (mitmdump), so that the run stays short: sizes and counts are divided
 	// by it. slowConns does the same for new-connection benchmarks only.
 	slow, slowConns int
-	cmd  func(argv ...string) *exec.Cmd
+	cmd             func(argv ...string) *exec.Cmd
 }
 
 // argv prefixes argv with the environment that makes Go clients and curl
@@ -347,9 +347,7 @@ backend b
 	paths := []benchPath{direct, nsPath("haproxy", hpNS, w.CAFile, hpPid), memberPath(w, cfg, w.CAFile, d)}
 	waitServing(b, paths[1])
 
-	// airlock's splice holds a pipe per direction while a connection is
-	// open (Go's io.Copy between TCP sockets): six descriptors each.
-	benchIdle(b, "idle", pick(paths, "haproxy", "airlock"), idleConns(6))
+	benchIdle(b, "idle", pick(paths, "haproxy", "airlock"), idleConns(2))
 	const size = 1 << 30
 	benchDownload(b, "download-1GiB", paths, scale(size, size/8), 1)
 	benchDownload(b, "download-8x128MiB", paths, scale(size, size/8), 8)
