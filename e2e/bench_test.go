@@ -243,13 +243,16 @@ func benchConns(b *testing.B, label string, paths []benchPath, c, n, names int, 
 	for _, p := range paths {
 		b.Run(label+"/"+p.name, func(b *testing.B) {
 			out, err := p.run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "conns", strconv.Itoa(c), strconv.Itoa(n/max(p.slow, p.slowConns, 1)), strconv.Itoa(names), url)
-			var rate, p50, p99 float64
-			if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rate %f p50 %f p99 %f", &rate, &p50, &p99); n != 3 {
+			var rate, p50, p99, failed float64
+			if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rate %f p50 %f p99 %f failed %f", &rate, &p50, &p99, &failed); n != 4 {
 				b.Fatalf("%v: %q", err, out)
 			}
 			b.ReportMetric(rate, "conns/s")
 			b.ReportMetric(p50, "p50-ms")
 			b.ReportMetric(p99, "p99-ms")
+			if failed > 0 {
+				b.ReportMetric(failed, "failed")
+			}
 		})
 	}
 }
@@ -584,7 +587,6 @@ access_log none
 cache_log %[1]s/cache.log
 pid_filename %[1]s/squid.pid
 coredump_dir %[1]s
-max_filedescriptors 65536
 shutdown_lifetime 0 seconds
 `, peerDir, testworld.DNSAddr)), 0o644)
 	qNS, qPid := startPeer(b, w, "10.95.0", "15005", nil, squid, "-N", "-f", squidConf)

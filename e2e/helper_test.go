@@ -89,13 +89,14 @@ func TestMemberHelper(t *testing.T) {
 	case "conns":
 		// conns C N NAMES URL: N requests, C at a time, each on a new
 		// connection (a full TLS handshake: no session cache); a "%d" in
-		// URL becomes i mod NAMES. Prints "rate <conns/s> p50 <ms> p99 <ms>".
+		// URL becomes i mod NAMES. Prints "rate <conns/s> p50 <ms> p99 <ms>
+		// failed <count>" (failures count in the latencies as an hour).
 		c, _ := strconv.Atoi(args[1])
 		n, _ := strconv.Atoi(args[2])
 		names, _ := strconv.Atoi(args[3])
 		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 		lat := make([]time.Duration, n)
-		var next atomic.Int64
+		var next, failed atomic.Int64
 		var wg sync.WaitGroup
 		start := time.Now()
 		for range c {
@@ -108,8 +109,14 @@ func TestMemberHelper(t *testing.T) {
 					t0 := time.Now()
 					resp, err := client.Get(url)
 					if err != nil {
-						fmt.Println("conns error:", err)
-						os.Exit(1)
+						// An overloaded machine may stall a client past a
+						// proxy's patience now and then; more than 1% fails the run.
+						if int(failed.Add(1)) > n/100 {
+							fmt.Println("conns error:", err)
+							os.Exit(1)
+						}
+						lat[i] = time.Hour
+						continue
 					}
 					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -121,7 +128,7 @@ func TestMemberHelper(t *testing.T) {
 		el := time.Since(start)
 		slices.Sort(lat)
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-		fmt.Printf("rate %.1f p50 %.3f p99 %.3f\n", float64(n)/el.Seconds(), ms(lat[n/2]), ms(lat[n*99/100]))
+		fmt.Printf("rate %.1f p50 %.3f p99 %.3f failed %d\n", float64(n-int(failed.Load()))/el.Seconds(), ms(lat[n/2]), ms(lat[n*99/100]), failed.Load())
 	case "hold-tls":
 		// hold-tls N URL: opens N TLS connections to URL's host (64 at a time),
 		// sends one GET on each and reads the answer, prints "held N", then

@@ -12,7 +12,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 ulimit -n "$(ulimit -Hn)"
 
-units="MB/s cpu-ms/GB conns/s req/s p50-ms p99-ms KiB/conn"
+units="MB/s cpu-ms/GB conns/s req/s p50-ms p99-ms KiB/conn failed"
 # table FILE BENCHMARK: a markdown table of BENCHMARK's sub-benchmarks,
 # named TEST/PATH, one row per test and unit, one column per path; a path
 # a test does not run shows "-".
@@ -88,6 +88,7 @@ awk -v units="$units" '/^Benchmark(Proxy|Intercept)\// {
 	echo "mitmdump gets a sixteenth of the work throughout; sslsplit a sixteenth and squid a quarter of the handshakes"
 	echo "(each sslsplit connection waits ~250 ms whatever the load: latency-bound, not CPU-bound). sslsplit and squid do"
 	echo "not offer HTTP/2, so their keepalive-h2 row is HTTP/1.1."
+	echo "failed: new connections that failed (shown when any did; more than 1% fails the run)."
 	echo "Goals: keep-alive ≥ 50x mitmdump and ≥ 1.0x sslsplit; warm handshakes ≥ 1.0x sslsplit, cold ≥ 0.7x warm;"
 	echo "bulk ≥ 0.5x direct; idle ≤ 64 KiB."
 	echo
