@@ -92,5 +92,6 @@ cpu=$(grep -m1 '^cpu:' "$out" | cut -d' ' -f2- || true)
 } > "$BENCH_OUT"
 GO=$GO scripts/bench-dns.sh
 GO=$GO scripts/bench-proxy.sh
-scripts/bench-goals.sh "$((($(date +%s) - t0)))"
+cat scripts/bench-notes.md >> "$BENCH_OUT"
+scripts/bench-goals.sh "$(($(date +%s) - t0))"
 echo "bench: wrote $BENCH_OUT in $(($(date +%s) - t0)) s"
