@@ -110,7 +110,7 @@ func benchWorld(b *testing.B, policy string) (*testworld.World, string, *testwor
 	// Tens of thousands of connections to one server in a few minutes:
 	// let the host reuse ports in TIME_WAIT (benchmark plumbing).
 	for _, ns := range []string{w.Host, direct} {
-		w.HostExec("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=1024 65000")
+		nsRun(ns, "sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=1024 65000")
 	}
 	return w, cfg, d, nsPath("direct", direct, w.CAFile, 0)
 }
@@ -124,7 +124,7 @@ func startPeer(b *testing.B, w *testworld.World, net, port string, env []string,
 	b.Helper()
 	ns := nsName(w, strings.Split(net, ".")[1])
 	setupDNATClient(b, w, ns, net, net+".1:"+port)
-	w.HostExec("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=1024 65000")
+	nsRun(ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=1024 65000")
 	cmd := exec.Command("ip", append([]string{"netns", "exec", w.Host}, argv...)...)
 	cmd.Env = append(os.Environ(), env...)
 	log := &testworld.SyncBuffer{}
@@ -459,6 +459,11 @@ func netnsResolv(b *testing.B, ns string) {
 	os.MkdirAll(dir, 0o755)
 	os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte("nameserver "+testworld.DNSAddr+"\n"), 0o644)
 	b.Cleanup(func() { os.RemoveAll(dir) })
+}
+
+func nsRun(ns string, argv ...string) (string, error) {
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...).CombinedOutput()
+	return string(out), err
 }
 
 // setupDNATClient makes namespace ns on its own link to the host (host side
