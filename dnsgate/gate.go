@@ -398,8 +398,12 @@ func (g *Gate) emit(ev Event) {
 			level = slog.LevelInfo
 		}
 	}
-	g.log.Log(context.Background(), level, "dns",
-		"source", ev.Source, "host", ev.Name, "type", ev.Type, "verdict", ev.Verdict, "rule", ev.Rule, "reason", ev.Reason)
+	// Checked first: boxing the attributes costs allocations on every
+	// query, also when the line is not written.
+	if ctx := context.Background(); g.log.Enabled(ctx, level) {
+		g.log.Log(ctx, level, "dns",
+			"source", ev.Source, "host", ev.Name, "type", ev.Type, "verdict", ev.Verdict, "rule", ev.Rule, "reason", ev.Reason)
+	}
 	if ev.Trip != nil {
 		g.log.Warn("exfiltration guard tripped", "source", ev.Source, "host", ev.Name, "domain", ev.Trip.Domain,
 			"reason", ev.Trip.Reason, "blocked", ev.Trip.Blocked)
