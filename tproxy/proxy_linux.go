@@ -722,10 +722,14 @@ func (p *Proxy) reset(c *conn, reason string) {
 }
 
 func (p *Proxy) finish(r Record) {
-	p.log.Log(context.Background(), p.level(r.Verdict), "connection",
-		"source", r.Source, "host", r.Host, "port", r.Port, "verdict", r.Verdict, "rule", r.Rule,
-		"reason", r.Reason, "dest", r.Dest, "upstream", r.Upstream, "up", r.Up, "down", r.Down,
-		"duration", r.Duration.Round(time.Millisecond), "close", r.Close)
+	// Checked first: boxing the attributes costs allocations on every
+	// connection, also when the line is not written.
+	if ctx, level := context.Background(), p.level(r.Verdict); p.log.Enabled(ctx, level) {
+		p.log.Log(ctx, level, "connection",
+			"source", r.Source, "host", r.Host, "port", r.Port, "verdict", r.Verdict, "rule", r.Rule,
+			"reason", r.Reason, "dest", r.Dest, "upstream", r.Upstream, "up", r.Up, "down", r.Down,
+			"duration", r.Duration.Round(time.Millisecond), "close", r.Close)
+	}
 	if p.cfg.OnRecord != nil {
 		p.cfg.OnRecord(r)
 	}
