@@ -397,6 +397,14 @@ var (
 	binErr  error
 )
 
+// RemoveBinaries removes what Binaries built; call it from TestMain once
+// the tests are done.
+func RemoveBinaries() {
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+}
+
 func moduleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
