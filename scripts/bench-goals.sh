@@ -44,6 +44,8 @@ awk -v secs="${1:-?}" '
 		ratio("interception keep-alive, HTTP/2", "req/s vs sslsplit", "intercept/keepalive-h2", "airlock", "intercept/keepalive-h2", "sslsplit", "req/s", 1.0)
 		ratio("interception handshakes, warm", "conns/s vs sslsplit", "intercept/handshake-warm", "airlock", "intercept/handshake-warm", "sslsplit", "conns/s", 1.0)
 		ratio("interception handshakes, cold", "conns/s vs airlock warm", "intercept/handshake-cold", "airlock", "intercept/handshake-warm", "airlock", "conns/s", 0.7)
+		missing = 0; a = g("intercept/handshake-cold", "direct", "conns/s"); b = g("intercept/handshake-warm", "direct", "conns/s")
+		if (!missing && b > 0) printf "| (for comparison) direct handshakes, cold | conns/s vs direct warm | %.2fx | — | new names cost DNS lookups without any proxy |\n", a / b
 		ratio("interception bulk", "MB/s vs direct", "intercept/https-download", "airlock", "intercept/https-download", "direct", "MB/s", 0.5)
 		ratio("DNS, fake-IP answers", "q/s vs unbound", "dns-fake", "gate", "dns-fake", "unbound", "q/s", 1.0)
 		ratio("DNS, fake-IP answers", "q/s vs dnsmasq", "dns-fake", "gate", "dns-fake", "dnsmasq", "q/s", 1.0)

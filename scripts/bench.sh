@@ -53,7 +53,7 @@ cpu=$(grep -m1 '^cpu:' "$out" | cut -d' ' -f2- || true)
 	[ -n "$QUICK" ] && echo "**make bench-quick: smaller sizes and counts, for development; not the published figures.**"
 	echo
 	echo "- machine: ${cpu:-unknown cpu}, $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -sr)"
-	echo "- $(go version | cut -d' ' -f3-), $(date -u +%Y-%m-%d)"
+	echo "- $($GO version | cut -d' ' -f3-), $(date -u +%Y-%m-%d)"
 	echo "- peers and load tools (Debian packages): ${versions%, }"
 	echo
 	echo "@GOALS@"
