@@ -16,6 +16,11 @@ awk -v secs="${1:-?}" '
 		if (missing || b == 0) { printf "| %s | %s | not measured | ≥ %.2fx | - |\n", name, what, floor; return }
 		printf "| %s | %s | %.2fx | ≥ %.2fx | %s |\n", name, what, a / b, floor, (a / b >= floor ? "met" : "**missed**")
 	}
+	# context: a ratio shown for comparison, with no goal.
+	function context(name, what, t1, p1, t2, p2, u, note,   a, b) {
+		missing = 0; a = g(t1, p1, u); b = g(t2, p2, u)
+		if (!missing && b > 0) printf "| %s | %s | %.2fx | — | %s |\n", name, what, a / b, note
+	}
 	# most: a value against a ceiling; "≤" goals.
 	function most(name, what, t, p, u, ceil, shown,   a) {
 		missing = 0; a = g(t, p, u)
@@ -37,15 +42,13 @@ awk -v secs="${1:-?}" '
 		missing = 0; add = g("proxy/connect", "airlock", "p99-ms") - g("proxy/connect", "direct", "p99-ms")
 		if (!missing) printf "| connection rate | p99 added to direct | %.3f ms | ≤ 0.2 ms | %s |\n", add, (add <= 0.2 ? "met" : "**missed**")
 		ratio("interception keep-alive, HTTP/1.1", "req/s vs mitmdump", "intercept/keepalive-h1", "airlock", "intercept/keepalive-h1", "mitmdump", "req/s", 50)
-		missing = 0; a = g("intercept/keepalive-h1", "direct", "req/s"); b = g("intercept/keepalive-h1", "mitmdump", "req/s")
-		if (!missing && b > 0) printf "| (the ceiling here) direct keep-alive, HTTP/1.1 | req/s vs mitmdump | %.2fx | — | no proxy can beat it |\n", a / b
+		context("(the ceiling here) direct keep-alive, HTTP/1.1", "req/s vs mitmdump", "intercept/keepalive-h1", "direct", "intercept/keepalive-h1", "mitmdump", "req/s", "no proxy can beat it")
 		ratio("interception keep-alive, HTTP/1.1", "req/s vs sslsplit", "intercept/keepalive-h1", "airlock", "intercept/keepalive-h1", "sslsplit", "req/s", 1.0)
 		ratio("interception keep-alive, HTTP/2", "req/s vs mitmdump", "intercept/keepalive-h2", "airlock", "intercept/keepalive-h2", "mitmdump", "req/s", 50)
 		ratio("interception keep-alive, HTTP/2", "req/s vs sslsplit", "intercept/keepalive-h2", "airlock", "intercept/keepalive-h2", "sslsplit", "req/s", 1.0)
 		ratio("interception handshakes, warm", "conns/s vs sslsplit", "intercept/handshake-warm", "airlock", "intercept/handshake-warm", "sslsplit", "conns/s", 1.0)
 		ratio("interception handshakes, cold", "conns/s vs airlock warm", "intercept/handshake-cold", "airlock", "intercept/handshake-warm", "airlock", "conns/s", 0.7)
-		missing = 0; a = g("intercept/handshake-cold", "direct", "conns/s"); b = g("intercept/handshake-warm", "direct", "conns/s")
-		if (!missing && b > 0) printf "| (for comparison) direct handshakes, cold | conns/s vs direct warm | %.2fx | — | new names cost DNS lookups without any proxy |\n", a / b
+		context("(for comparison) direct handshakes, cold", "conns/s vs direct warm", "intercept/handshake-cold", "direct", "intercept/handshake-warm", "direct", "conns/s", "new names cost DNS lookups without any proxy")
 		ratio("interception bulk", "MB/s vs direct", "intercept/https-download", "airlock", "intercept/https-download", "direct", "MB/s", 0.5)
 		ratio("DNS, fake-IP answers", "q/s vs unbound", "dns-fake", "gate", "dns-fake", "unbound", "q/s", 1.0)
 		ratio("DNS, fake-IP answers", "q/s vs dnsmasq", "dns-fake", "gate", "dns-fake", "dnsmasq", "q/s", 1.0)
