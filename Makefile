@@ -9,7 +9,7 @@ FUZZTIME ?= 10000x
 # (golang/go#75804, fixed in Go 1.27). Long runs on demand: make fuzz FUZZTIME=10m
 GOFLAGS  ?=
 
-.PHONY: all build test test-unit fuzz bench lint run clean install uninstall
+.PHONY: all build test test-unit fuzz bench bench-quick lint run clean install uninstall
 
 # Install as a systemd service (as root); DESTDIR stages into another root.
 DESTDIR ?=
@@ -37,8 +37,14 @@ test-unit:
 fuzz:
 	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
 
+# Every benchmark against its peers; rewrites BENCHMARKS.md (as root,
+# under 10 minutes). bench-quick: the same code paths with less work, in
+# under 2 minutes, written to bin/BENCHMARKS-quick.md.
 bench:
 	@GO=$(GO) scripts/bench.sh
+
+bench-quick:
+	@QUICK=1 GO=$(GO) scripts/bench.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \

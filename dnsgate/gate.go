@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -93,8 +94,9 @@ type Gate struct {
 	cfg Config
 	log *slog.Logger
 
-	mu      sync.Mutex // guards servers, closed and addr
+	mu      sync.Mutex // guards servers, udp, closed and addr
 	servers []*dns.Server
+	udp     *net.UDPConn // served by serveUDP; nil when a server in servers has UDP
 	closed  bool
 	addr    netip.AddrPort
 	wg      sync.WaitGroup
@@ -144,9 +146,18 @@ func (g *Gate) Start() error {
 		pc.Close()
 		return listenError("tcp", g.cfg.Listen, err)
 	}
-	udp := &dns.Server{PacketConn: pc, Handler: g, UDPSize: 1232}
 	tcp := &dns.Server{Listener: ln, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
-	g.servers = []*dns.Server{udp, tcp}
+	g.servers = []*dns.Server{tcp}
+	if g.cfg.Listen.Addr().IsUnspecified() {
+		// Bound to every address: replies must leave from the one each
+		// query came to, which miekg/dns's server arranges per datagram.
+		g.servers = append(g.servers, &dns.Server{PacketConn: pc, Handler: g, UDPSize: udpReadSize})
+	} else {
+		g.udp = pc.(*net.UDPConn)
+		for range max(2, runtime.GOMAXPROCS(0)) {
+			g.wg.Go(func() { g.serveUDP(g.udp) })
+		}
+	}
 	for _, s := range g.servers {
 		started := make(chan struct{})
 		s.NotifyStartedFunc = func() { close(started) }
@@ -173,10 +184,13 @@ func (g *Gate) Addr() netip.AddrPort {
 // Close stops the gate and waits for its goroutines. It is idempotent.
 func (g *Gate) Close() error {
 	g.mu.Lock()
-	servers := g.servers
-	g.servers, g.closed = nil, true
+	servers, udp := g.servers, g.udp
+	g.servers, g.udp, g.closed = nil, nil, true
 	g.mu.Unlock()
 	var errs []error
+	if udp != nil {
+		errs = append(errs, udp.Close())
+	}
 	for _, s := range servers {
 		if err := s.Shutdown(); err != nil {
 			errs = append(errs, err)
@@ -398,8 +412,12 @@ func (g *Gate) emit(ev Event) {
 			level = slog.LevelInfo
 		}
 	}
-	g.log.Log(context.Background(), level, "dns",
-		"source", ev.Source, "host", ev.Name, "type", ev.Type, "verdict", ev.Verdict, "rule", ev.Rule, "reason", ev.Reason)
+	// Checked first: boxing the attributes costs allocations on every
+	// query, also when the line is not written.
+	if ctx := context.Background(); g.log.Enabled(ctx, level) {
+		g.log.Log(ctx, level, "dns",
+			"source", ev.Source, "host", ev.Name, "type", ev.Type, "verdict", ev.Verdict, "rule", ev.Rule, "reason", ev.Reason)
+	}
 	if ev.Trip != nil {
 		g.log.Warn("exfiltration guard tripped", "source", ev.Source, "host", ev.Name, "domain", ev.Trip.Domain,
 			"reason", ev.Trip.Reason, "blocked", ev.Trip.Blocked)

@@ -36,7 +36,7 @@ func apiSetup(t *testing.T) (*testworld.World, string, *testworld.Daemon, string
 }
 
 // call sends an API request from the host namespace.
-func call(t *testing.T, w *testworld.World, token, method, path, body string) (int, string) {
+func call(t testing.TB, w *testworld.World, token, method, path, body string) (int, string) {
 	t.Helper()
 	return callAt(t, w.HostClient(), apiBase, token, method, path, body)
 }

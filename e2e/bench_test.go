@@ -1,33 +1,331 @@
 package e2e
 
 import (
+	"bufio"
+	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
-// BenchmarkProxy measures, in one world and one run, an HTTPS download and
-// new HTTPS connections through three paths that cross the same links: direct (a
-// namespace the host merely forwards), haproxy in transparent TCP mode
-// (DNAT to it, upstream = the original destination), and airlock's spliced
-// proxy. Run it with -benchtime 1x: each sub-benchmark does its own fixed
-// amount of work and reports MB/s, conns/s and latencies.
-func BenchmarkProxy(b *testing.B) {
+// quick is set by `make bench-quick`: the same code paths with less work.
+var quick = os.Getenv("AIRLOCK_BENCH_QUICK") != ""
+
+// scale is full for `make bench`, small for `make bench-quick`.
+func scale(full, small int) int {
+	if quick {
+		return small
+	}
+	return full
+}
+
+// benchPath is one way from a client to the test internet's HTTPS server:
+// direct, through a peer, or through airlock.
+type benchPath struct {
+	name string
+	ca   string // CA file the client trusts; "" = the member's environment (the sandbox CA)
+	pid  int    // the proxy's process, for CPU and memory figures; 0 = none
+	// slow scales work down for a peer orders of magnitude slower
+	// (mitmdump), so that the run stays short: sizes and counts are divided
+	// by it. slowConns does the same for new-connection benchmarks only.
+	slow, slowConns int
+	cmd             func(argv ...string) *exec.Cmd
+}
+
+// argv prefixes argv with the environment that makes Go clients and curl
+// trust p's CA.
+func (p benchPath) argv(argv []string) []string {
+	if p.ca == "" {
+		return argv
+	}
+	return append([]string{"env", "SSL_CERT_FILE=" + p.ca, "CURL_CA_BUNDLE=" + p.ca}, argv...)
+}
+
+func (p benchPath) run(argv ...string) (string, error) {
+	cmd := p.cmd(p.argv(argv)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("%v: %s", err, stderr.String())
+	}
+	return string(out), nil
+}
+
+// div is n scaled down for a slow path.
+func (p benchPath) div(n int) int { return n / max(p.slow, 1) }
+
+// nsPath runs clients in namespace ns.
+func nsPath(name, ns, ca string, pid int) benchPath {
+	return benchPath{name: name, ca: ca, pid: pid, cmd: func(argv ...string) *exec.Cmd {
+		return exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
+	}}
+}
+
+// memberPath runs clients as members of sandbox sbA with `airlock run`.
+func memberPath(w *testworld.World, cfg, ca string, d *testworld.Daemon) benchPath {
+	return benchPath{name: "airlock", ca: ca, pid: d.Pid(), cmd: func(argv ...string) *exec.Cmd {
+		return w.Command(context.Background(), cfg, sbA, "bench", argv...)
+	}}
+}
+
+// pick returns the paths named, in the order of paths.
+func pick(paths []benchPath, names ...string) []benchPath {
+	var out []benchPath
+	for _, p := range paths {
+		if slices.Contains(names, p.name) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// benchWorld builds a world for the proxy benchmarks: airlockd (logging at
+// info, as in production; the exfiltration guard's cap lifted, since the
+// benchmarks make up thousands of names) with sandbox sbA under policy, and a direct
+// client. It returns the config file, the daemon and the direct path.
+func benchWorld(b *testing.B, policy string) (*testworld.World, string, *testworld.Daemon, benchPath) {
 	w := testworld.New(b)
+	w.DaemonLogLevel = "info"
 	policyA := filepath.Join(w.Dir, "app.yaml")
-	os.WriteFile(policyA, []byte("sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n"), 0o644)
+	os.WriteFile(policyA, []byte(policy), 0o644)
 	cfg := filepath.Join(w.Dir, "airlockd.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nsandboxes:\n  - name: %[3]s\n    subnet: 10.88.0.0/24\n    policy: %[4]s\n",
-		w.Dir, testworld.DNSAddr, sbA, policyA)), 0o644)
-	w.StartDaemon(cfg)
+	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nupstream_ca_file: %[5]s\nexfil:\n  max_subdomains_per_minute: 1000000\nsandboxes:\n  - name: %[3]s\n    subnet: 10.88.0.0/24\n    policy: %[4]s\n",
+		w.Dir, testworld.DNSAddr, sbA, policyA, w.CAFile)), 0o644)
+	d := w.StartDaemon(cfg)
 	direct, _ := w.DirectClient()
+	netnsResolv(b, direct)
+	// Tens of thousands of connections to one server in a few minutes:
+	// let the host reuse ports in TIME_WAIT (benchmark plumbing).
+	for _, ns := range []string{w.Host, direct} {
+		nsRun(ns, "sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1", "net.ipv4.ip_local_port_range=1024 65000")
+	}
+	return w, cfg, d, nsPath("direct", direct, w.CAFile, 0)
+}
+
+// startPeer runs a peer proxy (argv) in the world's host namespace and a
+// client namespace on network NET (such as "10.98.0") whose TCP the host
+// DNATs to NET.1:port, where the peer listens. It returns the client
+// namespace and the peer's process ID; the peer's output is logged when
+// the benchmark fails.
+func startPeer(b *testing.B, w *testworld.World, net, port string, env []string, argv ...string) (string, int) {
+	b.Helper()
+	ns := nsName(w, strings.Split(net, ".")[1])
+	setupDNATClient(b, w, ns, net, net+".1:"+port)
+	nsRun(ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=1024 65000")
+	cmd := exec.Command("ip", append([]string{"netns", "exec", w.Host}, argv...)...)
+	cmd.Env = append(os.Environ(), env...)
+	log := &testworld.SyncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	// Its own process group, so that the processes it forks go with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 2 * time.Second
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+		if b.Failed() {
+			b.Logf("%s:\n%s", argv[0], log.String())
+		}
+	})
+	return ns, cmd.Process.Pid
+}
+
+// waitServing waits until p fetches the internet's front page.
+func waitServing(b *testing.B, p benchPath) {
+	b.Helper()
+	var out string
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if out, err = p.run("curl", "-sS", "--max-time", "5", "https://allowed.test/"); out == "internet" {
+			return
+		}
+	}
+	b.Fatalf("%s not serving after 30 s: %q %v", p.name, out, err)
+}
+
+// procTree is pid and all its descendants: sslsplit and squid work in
+// child processes.
+func procTree(pid int) []int {
+	if pid == 0 {
+		return nil
+	}
+	out := []int{pid}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(b)) {
+			c, _ := strconv.Atoi(f)
+			out = append(out, procTree(c)...)
+		}
+	}
+	return out
+}
+
+// cpuTicks is the user and system CPU time pid and its descendants have
+// used, in clock ticks (1/100 s).
+func cpuTicks(pid int) int64 {
+	var n int64
+	for _, p := range procTree(pid) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which may hold spaces: state is
+		// field 3, utime 14, stime 15.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		n += u + s
+	}
+	return n
+}
+
+// rssKiB is the resident memory of pid and its descendants.
+func rssKiB(pid int) int64 {
+	var n int64
+	for _, p := range procTree(pid) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+				k, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				n += k
+			}
+		}
+	}
+	return n
+}
+
+// benchDownload fetches size bytes (scaled down on slow paths) with curl
+// pinned to CPU 1, in streams parallel downloads, and reports MB/s and
+// the proxy's CPU time per GB.
+func benchDownload(b *testing.B, label string, paths []benchPath, size, streams int) {
+	for _, p := range paths {
+		b.Run(label+"/"+p.name, func(b *testing.B) {
+			each := p.div(size) / streams
+			script := ""
+			for range streams {
+				script += fmt.Sprintf("taskset -c 1 curl -sS -o /dev/null -w '%%{size_download}\\n' https://allowed.test/blob/%d & ", each)
+			}
+			cpu0, start := cpuTicks(p.pid), time.Now()
+			out, err := p.run("sh", "-c", script+"wait")
+			el, cpu := time.Since(start), cpuTicks(p.pid)-cpu0
+			if err != nil || strings.Count(out, strconv.Itoa(each)+"\n") != streams {
+				b.Fatalf("%v: %q", err, out)
+			}
+			total := float64(each * streams)
+			b.ReportMetric(total/el.Seconds()/1e6, "MB/s")
+			if p.pid != 0 {
+				b.ReportMetric(float64(cpu)*10/(total/1e9), "cpu-ms/GB")
+			}
+		})
+	}
+}
+
+// benchConns opens n connections (c at a time) through each path, each
+// for one request to url ("%d" → i mod names), and reports conns/s and
+// request latency.
+func benchConns(b *testing.B, label string, paths []benchPath, c, n, names int, url string) {
+	for _, p := range paths {
+		b.Run(label+"/"+p.name, func(b *testing.B) {
+			out, err := p.run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "conns", strconv.Itoa(c), strconv.Itoa(n/max(p.slow, p.slowConns, 1)), strconv.Itoa(names), url)
+			var rate, p50, p99, failed float64
+			if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rate %f p50 %f p99 %f failed %f", &rate, &p50, &p99, &failed); n != 4 {
+				b.Fatalf("%v: %q", err, out)
+			}
+			b.ReportMetric(rate, "conns/s")
+			b.ReportMetric(p50, "p50-ms")
+			b.ReportMetric(p99, "p99-ms")
+			if failed > 0 {
+				b.ReportMetric(failed, "failed")
+			}
+		})
+	}
+}
+
+// benchKeepalive sends n small requests over 8 kept-alive connections
+// through each path, HTTP/1.1 and HTTP/2, and reports requests/s.
+func benchKeepalive(b *testing.B, paths []benchPath, n int) {
+	for _, proto := range []string{"h1", "h2"} {
+		for _, p := range paths {
+			b.Run("keepalive-"+proto+"/"+p.name, func(b *testing.B) {
+				out, err := p.run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "keepalive", proto, "8", strconv.Itoa(p.div(n)), "https://allowed.test/")
+				var rps float64
+				if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rps %f", &rps); n != 1 {
+					b.Fatalf("%v: %q", err, out)
+				}
+				b.ReportMetric(rps, "req/s")
+			})
+		}
+	}
+}
+
+// idleConns is how many connections the idle benchmarks hold: 10,000, or
+// fewer where the open-file limit (which a container without
+// CAP_SYS_RESOURCE cannot raise) does not leave the proxies fds
+// descriptors per connection.
+func idleConns(fds int) int {
+	var lim syscall.Rlimit
+	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
+	return scale(min(10000, int(lim.Max-1000)/fds/500*500), 1000)
+}
+
+// benchIdle opens n TLS connections through each path, one request each,
+// holds them, and reports how much the proxy's resident memory grew per
+// connection. Run it first, on a fresh proxy: a heap grown by earlier
+// work would take the new connections without growing.
+func benchIdle(b *testing.B, label string, paths []benchPath, n int) {
+	for _, p := range paths {
+		b.Run(label+"/"+p.name, func(b *testing.B) {
+			cmd := p.cmd(p.argv([]string{os.Args[0], "-test.run=^TestMemberHelper$", "--", "hold-tls", strconv.Itoa(n), "https://allowed.test/"})...)
+			stdin, _ := cmd.StdinPipe()
+			stdout, _ := cmd.StdoutPipe()
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			before := rssKiB(p.pid)
+			if err := cmd.Start(); err != nil {
+				b.Fatal(err)
+			}
+			defer cmd.Wait()
+			defer stdin.Close()
+			// A proxy that stops accepting (out of descriptors, say) must not
+			// hang the run.
+			timer := time.AfterFunc(3*time.Minute, func() { cmd.Process.Kill() })
+			defer timer.Stop()
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if line != fmt.Sprintf("held %d\n", n) {
+				b.Fatalf("%q %v %s", line, err, stderr.String())
+			}
+			time.Sleep(500 * time.Millisecond)
+			b.ReportMetric(float64(rssKiB(p.pid)-before)/float64(n), "KiB/conn")
+		})
+	}
+}
+
+// BenchmarkProxy measures, in one world and one run, the spliced proxy
+// against two other paths that cross the same links: direct (a namespace
+// the host merely forwards) and haproxy in transparent TCP mode (DNAT to
+// it, upstream = the original destination): memory per idle connection,
+// HTTPS downloads with the proxy's CPU time, new connections; then, for
+// airlock alone, approval latency and connection rate at 10 and 100,000
+// rules. Run it with -benchtime 1x: each sub-benchmark does its own fixed
+// amount of work and reports its own units.
+func BenchmarkProxy(b *testing.B) {
+	w, cfg, d, direct := benchWorld(b, "sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
 
 	haproxy, err := exec.LookPath("haproxy")
 	if err != nil {
@@ -35,7 +333,7 @@ func BenchmarkProxy(b *testing.B) {
 	}
 	hcfg := filepath.Join(w.Dir, "haproxy.cfg")
 	os.WriteFile(hcfg, []byte(`global
-  maxconn 8000
+  maxconn 9900
 defaults
   mode tcp
   timeout connect 10s
@@ -47,87 +345,112 @@ frontend f
 backend b
   server original 0.0.0.0:0
 `), 0o644)
-	hp := exec.Command("ip", "netns", "exec", w.Host, haproxy, "-f", hcfg, "-db")
-	hpLog := &strings.Builder{}
-	hp.Stdout, hp.Stderr = hpLog, hpLog
-	if err := hp.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if b.Failed() {
-			b.Logf("haproxy:\n%s", hpLog.String())
-		}
-	})
-	b.Cleanup(func() { hp.Process.Kill(); hp.Wait() })
-	// The haproxy client: a namespace like the direct one, DNATed to
-	// haproxy as airlock's members are to airlock.
-	hpClient := nsName(w, "x")
-	setupDNATClient(b, w, hpClient, "10.98.0", "10.98.0.1:15002")
-	time.Sleep(500 * time.Millisecond)
+	hpNS, hpPid := startPeer(b, w, "10.98.0", "15002", nil, haproxy, "-f", hcfg, "-db")
+	// Spliced TLS is end to end: every client trusts the internet's CA.
+	paths := []benchPath{direct, nsPath("haproxy", hpNS, w.CAFile, hpPid), memberPath(w, cfg, w.CAFile, d)}
+	waitServing(b, paths[1])
 
-	type path struct {
-		name string
-		run  func(argv ...string) (string, error)
-	}
-	paths := []path{
-		{"direct", func(argv ...string) (string, error) { return nsRun(direct, argv...) }},
-		{"haproxy", func(argv ...string) (string, error) { return nsRun(hpClient, argv...) }},
-		{"airlock", func(argv ...string) (string, error) {
-			r := w.Run(cfg, sbA, "bench", 10*time.Minute, argv...)
-			if r.Code != 0 {
-				return r.Stdout, fmt.Errorf("exit %d: %s", r.Code, r.Stderr)
-			}
-			return r.Stdout, nil
-		}},
-	}
-	// Every path fetches by name: the direct and haproxy clients resolve
-	// through the internet's DNS (ip netns exec binds /etc/netns/NS/), a
-	// member through airlock's gate.
-	netnsResolv(b, direct)
-	// HTTPS: TLS end to end, which airlock splices (plain HTTP it serves
-	// request by request).
+	benchIdle(b, "idle", pick(paths, "haproxy", "airlock"), idleConns(2))
 	const size = 1 << 30
-	url := "https://allowed.test/blob/" + strconv.Itoa(size)
-	for _, p := range paths {
-		b.Run("download-1GiB/"+p.name, func(b *testing.B) {
-			out, err := p.run("taskset", "-c", "1", "curl", "-sS", "--cacert", w.CAFile, "-o", "/dev/null", "-w", "%{speed_download} %{size_download}", url)
-			if err != nil {
-				b.Fatalf("%v: %s", err, out)
+	benchDownload(b, "download-1GiB", paths, scale(size, size/8), 1)
+	benchDownload(b, "download-8x128MiB", paths, scale(size, size/8), 8)
+	benchConns(b, "connect", paths, 1, scale(2000, 500), 1, "https://allowed.test/")
+	benchApprovals(b, w, paths[2], scale(200, 50))
+	benchRuleScale(b, w, d, paths[2], scale(2000, 500))
+}
+
+// benchApprovals has a member fetch n unknown names one after another; the
+// benchmark approves each (allow_once) as soon as it shows up in the API
+// and reports the time from its POST to the response's first byte at the
+// member.
+func benchApprovals(b *testing.B, w *testworld.World, member benchPath, n int) {
+	b.Run("approval/airlock", func(b *testing.B) {
+		token, err := os.ReadFile(filepath.Join(w.Dir, "state", "token"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var mu sync.Mutex
+		posted := map[string]time.Time{} // host → decision POST
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			client := w.HostClient()
+			do := func(method, path, body string) []byte {
+				req, _ := http.NewRequest(method, apiBase+path, strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+				resp, err := client.Do(req)
+				if err != nil {
+					return nil
+				}
+				defer resp.Body.Close()
+				var buf strings.Builder
+				bufio.NewReader(resp.Body).WriteTo(&buf)
+				return []byte(buf.String())
 			}
-			var speed, got float64
-			fmt.Sscanf(out, "%f %f", &speed, &got)
-			if got != size {
-				b.Fatalf("downloaded %v bytes, want %d", got, size)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+				var pending []struct{ ID, Host string }
+				json.Unmarshal(do("GET", "/sandboxes/"+sbA+"/approvals", ""), &pending)
+				for _, p := range pending {
+					mu.Lock()
+					_, seen := posted[p.Host]
+					if !seen {
+						posted[p.Host] = time.Now()
+					}
+					mu.Unlock()
+					if !seen {
+						do("POST", "/sandboxes/"+sbA+"/approvals/"+p.ID, `{"action": "allow_once"}`)
+					}
+				}
 			}
-			b.ReportMetric(speed/1e6, "MB/s")
 		})
-	}
-	for _, p := range paths {
-		b.Run("download-8x128MiB/"+p.name, func(b *testing.B) {
-			script := ""
-			for i := 0; i < 8; i++ {
-				script += fmt.Sprintf("curl -sS --cacert %s -o /dev/null -w '%%{size_download}\\n' https://allowed.test/blob/%d & ", w.CAFile, size/8)
+		out, err := member.run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "first-bytes", strconv.Itoa(n), "https://a%d.bench.test/")
+		close(stop)
+		wg.Wait()
+		var lat []time.Duration
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var host string
+			var ns int64
+			if k, _ := fmt.Sscanf(l, "fb %s %d", &host, &ns); k == 2 && !posted[host].IsZero() {
+				lat = append(lat, time.Unix(0, ns).Sub(posted[host]))
 			}
-			start := time.Now()
-			out, err := p.run("sh", "-c", script+"wait")
-			el := time.Since(start)
-			if err != nil || strings.Count(out, strconv.Itoa(size/8)) != 8 {
-				b.Fatalf("%v: %q", err, out)
+		}
+		if err != nil || len(lat) != n {
+			b.Fatalf("%d of %d approvals timed: %v: %q", len(lat), n, err, out)
+		}
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[n/2].Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(lat[n*99/100].Microseconds())/1000, "p99-ms")
+	})
+}
+
+// benchRuleScale measures airlock's connection rate with 10 rules and with
+// 100,000 (80% exact hosts, 20% wildcards, none matching the test's host
+// but allowed.test), reloading the policy file in between.
+func benchRuleScale(b *testing.B, w *testworld.World, d *testworld.Daemon, member benchPath, n int) {
+	policy := filepath.Join(w.Dir, "app.yaml")
+	for _, rules := range []int{10, 100000} {
+		var sb strings.Builder
+		sb.WriteString("sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
+		for r := 1; r < rules; r++ {
+			if r%5 == 0 {
+				fmt.Fprintf(&sb, "      - pattern: \"*.w%d.example.com\"\n", r)
+			} else {
+				fmt.Fprintf(&sb, "      - pattern: h%d.example.com\n", r)
 			}
-			b.ReportMetric(float64(size)/el.Seconds()/1e6, "MB/s")
-		})
-	}
-	for _, p := range paths {
-		b.Run("connect/"+p.name, func(b *testing.B) {
-			out, err := p.run("env", "SSL_CERT_FILE="+w.CAFile, os.Args[0], "-test.run=^TestMemberHelper$", "--", "rate", "2000", "https://allowed.test/")
-			var rate, p50, p99 float64
-			if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rate %f p50 %f p99 %f", &rate, &p50, &p99); n != 3 {
-				b.Fatalf("%v: %q", err, out)
+		}
+		os.WriteFile(policy, []byte(sb.String()), 0o644)
+		want := fmt.Sprintf("rules=%d", rules)
+		for deadline := time.Now().Add(60 * time.Second); !strings.Contains(d.Log.String(), want); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatalf("policy with %d rules not reloaded after 60 s", rules)
 			}
-			b.ReportMetric(rate, "conns/s")
-			b.ReportMetric(p50, "p50-ms")
-			b.ReportMetric(p99, "p99-ms")
-		})
+		}
+		benchConns(b, "connect-"+want, []benchPath{member}, 1, n, 1, "https://allowed.test/")
 	}
 }
 
@@ -139,7 +462,7 @@ func netnsResolv(b *testing.B, ns string) {
 }
 
 func nsRun(ns string, argv ...string) (string, error) {
-	out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...).Output()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...).CombinedOutput()
 	return string(out), err
 }
 
@@ -175,10 +498,7 @@ func setupDNATClient(b *testing.B, w *testworld.World, ns, net, target string) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("nft: %v %s", err, out)
 	}
-	dir := filepath.Join("/etc/netns", ns)
-	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte("nameserver "+testworld.DNSAddr+"\n"), 0o644)
-	b.Cleanup(func() { os.RemoveAll(dir) })
+	netnsResolv(b, ns)
 }
 
 // nsName returns a namespace name unique to this world.
@@ -186,95 +506,107 @@ func nsName(w *testworld.World, suffix string) string {
 	return w.Host[:len(w.Host)-1] + suffix
 }
 
-// BenchmarkIntercept measures TLS interception in one world and one run: an
-// HTTPS download (1 GiB; 64 MiB through mitmdump, which is slow) and keep-alive HTTPS requests (HTTP/1.1 and HTTP/2,
-// 8 connections) through three paths: direct (TLS end to end, the host
-// forwards), mitmdump in transparent mode, and airlock with inspect: all.
+// BenchmarkIntercept measures TLS interception in one world and one run,
+// through direct (TLS end to end, the host forwards), mitmdump in
+// transparent mode, sslsplit, squid with ssl-bump, and airlock with
+// inspect: all: memory per idle intercepted connection, an HTTPS download,
+// keep-alive requests (HTTP/1.1 and HTTP/2, 8 connections), and new
+// connections with 1 name (warm) and 10,000 names (cold, a leaf
+// certificate each).
 func BenchmarkIntercept(b *testing.B) {
-	w := testworld.New(b)
-	policyA := filepath.Join(w.Dir, "app.yaml")
-	os.WriteFile(policyA, []byte("sandbox:\n  inspect: all\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n"), 0o644)
-	cfg := filepath.Join(w.Dir, "airlockd.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nupstream_ca_file: %[5]s\nsandboxes:\n  - name: %[3]s\n    subnet: 10.88.0.0/24\n    policy: %[4]s\n",
-		w.Dir, testworld.DNSAddr, sbA, policyA, w.CAFile)), 0o644)
-	w.StartDaemon(cfg)
-	direct, _ := w.DirectClient()
-	netnsResolv(b, direct)
+	w, cfg, d, direct := benchWorld(b, "sandbox:\n  inspect: all\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n      - pattern: \"*.bench.test\"\n")
+	// The peers' CA and leaf key: ECDSA P-256 like airlock's, in a
+	// directory squid's unprivileged user can read.
+	peerDir, err := os.MkdirTemp("", "airlock-bench-peers-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(peerDir) })
+	os.Chmod(peerDir, 0o755)
+	peerCA, peerKey, leafKey := filepath.Join(peerDir, "ca.pem"), filepath.Join(peerDir, "ca.key"), filepath.Join(peerDir, "leaf.key")
+	upCA := filepath.Join(peerDir, "upstream-ca.pem")
+	for _, c := range [][]string{
+		{"openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", peerKey, "-out", peerCA, "-subj", "/CN=bench peer CA", "-days", "2"},
+		{"openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", leafKey},
+		{"cp", w.CAFile, upCA},
+		{"chmod", "-R", "a+rX", peerDir},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			b.Fatalf("%v: %v %s", c, err, out)
+		}
+	}
+	paths := []benchPath{direct}
 
+	// mitmdump: transparent mode, streaming bodies. It is two orders of
+	// magnitude slower than the rest, so it gets a sixteenth of the work.
 	mitmdump, err := exec.LookPath("mitmdump")
 	if err != nil {
 		b.Fatal("mitmdump not installed (make bench installs mitmproxy)")
 	}
 	conf := filepath.Join(w.Dir, "mitm")
-	mc := exec.Command("ip", "netns", "exec", w.Host, mitmdump, "--mode", "transparent", "--listen-host", "10.97.0.1", "--listen-port", "15003",
+	mNS, mPid := startPeer(b, w, "10.97.0", "15003", nil, mitmdump, "--mode", "transparent", "--listen-host", "10.97.0.1", "--listen-port", "15003",
 		"--set", "confdir="+conf, "--set", "ssl_verify_upstream_trusted_ca="+w.CAFile, "--set", "flow_detail=0", "--set", "stream_large_bodies=128k", "-q")
-	mlog := &strings.Builder{}
-	mc.Stdout, mc.Stderr = mlog, mlog
-	mitmClient := nsName(w, "m")
-	setupDNATClient(b, w, mitmClient, "10.97.0", "10.97.0.1:15003")
-	if err := mc.Start(); err != nil {
-		b.Fatal(err)
+	mitm := nsPath("mitmdump", mNS, filepath.Join(conf, "mitmproxy-ca-cert.pem"), mPid)
+	mitm.slow = 16
+	paths = append(paths, mitm)
+
+	// sslsplit: generic TLS splitting (no HTTP rewriting), original
+	// destination from netfilter, upstream verified against the internet's CA.
+	sslsplit, err := exec.LookPath("sslsplit")
+	if err != nil {
+		b.Fatal("sslsplit not installed (make bench installs it)")
 	}
-	b.Cleanup(func() { mc.Process.Kill(); mc.Wait() })
-	mitmCA := filepath.Join(conf, "mitmproxy-ca-cert.pem")
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := os.Stat(mitmCA); err == nil {
-			if out, _ := nsRun(mitmClient, "curl", "-sS", "--cacert", mitmCA, "https://allowed.test/"); out == "internet" {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("mitmdump not serving after 30 s:\n%s", mlog.String())
-		}
+	sNS, sPid := startPeer(b, w, "10.96.0", "15004", []string{"SSL_CERT_FILE=" + upCA}, sslsplit, "-u", "root", "-k", peerKey, "-c", peerCA, "-K", leafKey,
+		"-o", "VerifyPeer=yes", "ssl", "10.96.0.1", "15004")
+	split := nsPath("sslsplit", sNS, peerCA, sPid)
+	// Each new connection through sslsplit takes about 250 ms whatever
+	// the load (its rate is bound by latency, not CPU): fewer of them
+	// give the same rate in less time.
+	split.slowConns = 16
+	paths = append(paths, split)
+
+	// squid: ssl-bump in intercept mode (peek at the ClientHello, then
+	// bump), caching off, certificates minted by its helper.
+	squid, err := exec.LookPath("squid")
+	if err != nil {
+		b.Fatal("squid not installed (make bench installs squid-openssl)")
+	}
+	ssldb := filepath.Join(peerDir, "ssldb")
+	if out, err := exec.Command("/usr/lib/squid/security_file_certgen", "-c", "-s", ssldb, "-M", "64MB").CombinedOutput(); err != nil {
+		b.Fatalf("security_file_certgen: %v %s", err, out)
+	}
+	exec.Command("chown", "-R", "proxy:proxy", peerDir).Run()
+	squidConf := filepath.Join(peerDir, "squid.conf")
+	os.WriteFile(squidConf, []byte(fmt.Sprintf(`http_port 10.95.0.1:15006
+https_port 10.95.0.1:15005 intercept ssl-bump tls-cert=%[1]s/ca.pem tls-key=%[1]s/ca.key generate-host-certificates=on dynamic_cert_mem_cache_size=64MB
+sslcrtd_program /usr/lib/squid/security_file_certgen -s %[1]s/ssldb -M 64MB
+sslcrtd_children 8 startup=2 idle=1
+acl step1 at_step SslBump1
+ssl_bump peek step1
+ssl_bump bump all
+tls_outgoing_options cafile=%[1]s/upstream-ca.pem
+dns_nameservers %[2]s
+http_access allow all
+cache deny all
+access_log none
+cache_log %[1]s/cache.log
+pid_filename %[1]s/squid.pid
+coredump_dir %[1]s
+shutdown_lifetime 0 seconds
+`, peerDir, testworld.DNSAddr)), 0o644)
+	qNS, qPid := startPeer(b, w, "10.95.0", "15005", nil, squid, "-N", "-f", squidConf)
+	sq := nsPath("squid", qNS, peerCA, qPid)
+	sq.slowConns = 4
+	paths = append(paths, sq)
+	paths = append(paths, memberPath(w, cfg, "", d))
+	for _, p := range paths[1:] {
+		waitServing(b, p)
 	}
 
-	type path struct {
-		name string
-		ca   string // CA file to trust; "" = the member's environment
-		n    int    // keep-alive requests (mitmdump is slow)
-		size int    // download size (mitmdump is slow)
-		run  func(argv ...string) (string, error)
-	}
-	paths := []path{
-		{"direct", w.CAFile, 20000, 1 << 30, func(argv ...string) (string, error) { return nsRun(direct, argv...) }},
-		{"mitmdump", mitmCA, 2000, 64 << 20, func(argv ...string) (string, error) { return nsRun(mitmClient, argv...) }},
-		{"airlock", "", 20000, 1 << 30, func(argv ...string) (string, error) {
-			r := w.Run(cfg, sbA, "bench", 10*time.Minute, argv...)
-			if r.Code != 0 {
-				return r.Stdout, fmt.Errorf("exit %d: %s", r.Code, r.Stderr)
-			}
-			return r.Stdout, nil
-		}},
-	}
-	for _, p := range paths {
-		b.Run("https-download/"+p.name, func(b *testing.B) {
-			argv := []string{"taskset", "-c", "1", "curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download} %{size_download}"}
-			if p.ca != "" {
-				argv = append(argv, "--cacert", p.ca)
-			}
-			out, err := p.run(append(argv, "https://allowed.test/blob/"+strconv.Itoa(p.size))...)
-			var speed, got float64
-			fmt.Sscanf(out, "%f %f", &speed, &got)
-			if err != nil || got != float64(p.size) {
-				b.Fatalf("%v: %q", err, out)
-			}
-			b.ReportMetric(speed/1e6, "MB/s")
-		})
-	}
-	for _, proto := range []string{"h1", "h2"} {
-		for _, p := range paths {
-			b.Run("keepalive-"+proto+"/"+p.name, func(b *testing.B) {
-				argv := []string{os.Args[0], "-test.run=^TestMemberHelper$", "--", "keepalive", proto, "8", strconv.Itoa(p.n), "https://allowed.test/"}
-				if p.ca != "" {
-					argv = append([]string{"env", "SSL_CERT_FILE=" + p.ca}, argv...)
-				}
-				out, err := p.run(argv...)
-				var rps float64
-				if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rps %f", &rps); n != 1 {
-					b.Fatalf("%v: %q", err, out)
-				}
-				b.ReportMetric(rps, "req/s")
-			})
-		}
-	}
+	benchIdle(b, "idle", pick(paths, "sslsplit", "airlock"), idleConns(2))
+	benchDownload(b, "https-download", pick(paths, "direct", "mitmdump", "sslsplit", "squid", "airlock"), scale(1<<30, 128<<20), 1)
+	benchKeepalive(b, paths, scale(20000, 4000))
+	hs := pick(paths, "direct", "sslsplit", "squid", "airlock")
+	benchConns(b, "handshake-warm", hs, 8, scale(2000, 500), 1, "https://warm.bench.test/")
+	benchConns(b, "handshake-cold", hs, 8, scale(10000, 1000), scale(10000, 1000), "https://c%d.bench.test/")
 }

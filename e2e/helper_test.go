@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"slices"
@@ -33,6 +35,9 @@ import (
 //	                   the proxy ends the connection
 //	dns SERVER NAME    one A query over UDP (2 s); print the addresses, or
 //	                   "dns failed: …" (a stand-in for dig +short)
+//
+// and the benchmarks' load: conns, keepalive, hold-tls, first-bytes (see
+// each case).
 func TestMemberHelper(t *testing.T) {
 	args := helperArgs()
 	if args == nil {
@@ -81,28 +86,106 @@ func TestMemberHelper(t *testing.T) {
 		}
 		wg.Wait()
 		fmt.Printf("ok %d of %d (first error: %v)\n", good, n, firstErr)
-	case "rate":
-		// rate N URL: N requests one after another, each on a new
-		// connection; prints "rate <conns/s> p50 <ms> p99 <ms>".
-		n, _ := strconv.Atoi(args[1])
+	case "conns":
+		// conns C N NAMES URL: N requests, C at a time, each on a new
+		// connection (a full TLS handshake: no session cache); a "%d" in
+		// URL becomes i mod NAMES. Prints "rate <conns/s> p50 <ms> p99 <ms>
+		// failed <count>" (failures count in the latencies as an hour).
+		c, _ := strconv.Atoi(args[1])
+		n, _ := strconv.Atoi(args[2])
+		names, _ := strconv.Atoi(args[3])
 		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-		lat := make([]time.Duration, 0, n)
+		lat := make([]time.Duration, n)
+		var next, failed atomic.Int64
+		var wg sync.WaitGroup
 		start := time.Now()
-		for i := 0; i < n; i++ {
-			t0 := time.Now()
-			resp, err := client.Get(args[2])
+		for range c {
+			wg.Go(func() {
+				for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+					url := args[4]
+					if strings.Contains(url, "%d") {
+						url = fmt.Sprintf(url, i%names)
+					}
+					t0 := time.Now()
+					resp, err := client.Get(url)
+					if err != nil {
+						// An overloaded machine may stall a client past a
+						// proxy's patience now and then; more than 1% fails the run.
+						if int(failed.Add(1)) > n/100 {
+							fmt.Println("conns error:", err)
+							os.Exit(1)
+						}
+						lat[i] = time.Hour
+						continue
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					lat[i] = time.Since(t0)
+				}
+			})
+		}
+		wg.Wait()
+		el := time.Since(start)
+		slices.Sort(lat)
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		fmt.Printf("rate %.1f p50 %.3f p99 %.3f failed %d\n", float64(n-int(failed.Load()))/el.Seconds(), ms(lat[n/2]), ms(lat[n*99/100]), failed.Load())
+	case "hold-tls":
+		// hold-tls N URL: opens N TLS connections to URL's host (64 at a time),
+		// sends one GET on each and reads the answer, prints "held N", then
+		// keeps them all open until stdin closes.
+		n, _ := strconv.Atoi(args[1])
+		u, err := neturl.Parse(args[2])
+		if err != nil {
+			fmt.Println("hold:", err)
+			os.Exit(1)
+		}
+		conns := make([]net.Conn, n)
+		var next atomic.Int64
+		var failed atomic.Int64
+		var wg sync.WaitGroup
+		for range 64 {
+			wg.Go(func() {
+				for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+					c, err := holdOne(u)
+					if err != nil {
+						if failed.Add(1) == 1 {
+							fmt.Println("hold error:", err)
+						}
+						continue
+					}
+					conns[i] = c
+				}
+			})
+		}
+		wg.Wait()
+		if f := failed.Load(); f > 0 {
+			fmt.Printf("hold: %d of %d failed\n", f, n)
+			os.Exit(1)
+		}
+		fmt.Println("held", n)
+		io.Copy(io.Discard, os.Stdin)
+	case "first-bytes":
+		// first-bytes N URL: N requests one after another on new
+		// connections, a "%d" in URL becoming i; prints "fb HOST <unix ns>"
+		// when each response's first byte arrives.
+		n, _ := strconv.Atoi(args[1])
+		client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		for i := range n {
+			url := fmt.Sprintf(args[2], i)
+			var first time.Time
+			req, _ := http.NewRequest("GET", url, nil)
+			req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+				GotFirstResponseByte: func() { first = time.Now() },
+			}))
+			resp, err := client.Do(req)
 			if err != nil {
-				fmt.Println("rate error:", err)
+				fmt.Println("first-bytes error:", err)
 				os.Exit(1)
 			}
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			lat = append(lat, time.Since(t0))
+			fmt.Printf("fb %s %d\n", req.URL.Hostname(), first.UnixNano())
 		}
-		el := time.Since(start)
-		slices.Sort(lat)
-		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-		fmt.Printf("rate %.1f p50 %.3f p99 %.3f\n", float64(n)/el.Seconds(), ms(lat[n/2]), ms(lat[n*99/100]))
 	case "keepalive":
 		// keepalive h1|h2 C N URL: C workers, each on one kept-alive
 		// connection, share N requests; prints "rps <requests/s>". Trusts
@@ -251,6 +334,28 @@ func TestMemberHelper(t *testing.T) {
 		time.Sleep(time.Duration(secs) * time.Second)
 	}
 	os.Exit(0)
+}
+
+// holdOne opens a TLS connection to u's host, trusting SSL_CERT_FILE,
+// and completes one request on it.
+func holdOne(u *neturl.URL) (net.Conn, error) {
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp4", u.Hostname()+":443", &tls.Config{ServerName: u.Hostname()})
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", u.RequestURI(), u.Host)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
 }
 
 func fetchOne(c *http.Client, url string, want int) error {

@@ -1,16 +1,33 @@
 #!/usr/bin/env bash
 # make bench: runs the benchmarks and writes BENCHMARKS.md from that one run,
-# with ratios computed from its own figures.
+# with ratios computed from its own figures. QUICK=1 (make bench-quick) runs
+# the same code paths with less work and writes bin/BENCHMARKS-quick.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
+export QUICK=${QUICK:-}
+if [ -n "$QUICK" ]; then
+	export BENCH_OUT=${BENCH_OUT:-bin/BENCHMARKS-quick.md}
+	mkdir -p "$(dirname "$BENCH_OUT")"
+else
+	export BENCH_OUT=${BENCH_OUT:-BENCHMARKS.md}
+fi
+# Every script appends "name unit value" lines here; the goals table at the
+# end is computed from them.
+export BENCH_DATA
+BENCH_DATA=$(mktemp)
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$BENCH_DATA"' EXIT
+t0=$(date +%s)
+# Held connections need two sockets each in a proxy.
+ulimit -n "$(ulimit -Hn)"
 
 # Peers and load tools from Debian, installed without starting their
-# services (which would take port 53 or 80 on this host).
+# services (which would take port 53, 80 or 3128 on this host).
+peers="haproxy mitmproxy sslsplit squid-openssl unbound dnsmasq-base dnsperf curl"
 need=()
-for b in dnsperf:dnsperf unbound:unbound dnsmasq:dnsmasq-base haproxy:haproxy mitmdump:mitmproxy taskset:util-linux curl:curl; do
+for b in dnsperf:dnsperf unbound:unbound dnsmasq:dnsmasq-base haproxy:haproxy mitmdump:mitmproxy sslsplit:sslsplit \
+	squid:squid-openssl taskset:util-linux curl:curl dig:dnsutils openssl:openssl; do
 	command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -19,20 +36,27 @@ if [ ${#need[@]} -gt 0 ]; then
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 	rm -f /usr/sbin/policy-rc.d
 fi
+versions=$(for p in $peers; do printf '%s %s, ' "$p" "$(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || echo '?')"; done)
 
+benchtime=1s leaftime=2000x
+[ -n "$QUICK" ] && benchtime=200ms leaftime=500x
 echo "bench: policy decisions"
-$GO test -run '^$' -bench 'BenchmarkDecide' -benchmem -count 1 -benchtime 1s ./policy | tee "$out"
+$GO test -run '^$' -bench 'BenchmarkDecide' -benchmem -count 1 -benchtime $benchtime ./policy | tee "$out"
 echo "bench: leaf certificates"
-$GO test -run '^$' -bench 'BenchmarkLeaf' -benchmem -count 1 -benchtime 2000x ./tproxy | tee -a "$out"
+$GO test -run '^$' -bench 'BenchmarkLeaf' -benchmem -count 1 -benchtime $leaftime ./tproxy | tee -a "$out"
 
 cpu=$(grep -m1 '^cpu:' "$out" | cut -d' ' -f2- || true)
 {
 	echo "# airlock benchmarks"
 	echo
 	echo "Written by \`make bench\` from one run on one machine; ratios compare figures of that run only."
+	[ -n "$QUICK" ] && echo "**make bench-quick: smaller sizes and counts, for development; not the published figures.**"
 	echo
-	echo "- machine: ${cpu:-unknown cpu}, $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB"
-	echo "- $(go version | cut -d' ' -f3-), $(date -u +%Y-%m-%d)"
+	echo "- machine: ${cpu:-unknown cpu}, $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -sr)"
+	echo "- $($GO version | cut -d' ' -f3-), $(date -u +%Y-%m-%d)"
+	echo "- peers and load tools (Debian packages): ${versions%, }"
+	echo
+	echo "@GOALS@"
 	echo
 	echo "## Policy decisions (\`go test -bench BenchmarkDecide ./policy\`)"
 	echo
@@ -65,7 +89,9 @@ cpu=$(grep -m1 '^cpu:' "$out" | cut -d' ' -f2- || true)
 			ns[c] = $3; al[c] = $7; order[++n] = c
 		}
 		END { for (i = 1; i <= n; i++) printf "| %s | %.1f | %s | %.0fx |\n", order[i], ns[order[i]], al[order[i]], ns[order[i]] / ns["hit"] }' "$out"
-} > BENCHMARKS.md
-echo "bench: wrote BENCHMARKS.md"
-scripts/bench-dns.sh
-scripts/bench-proxy.sh
+} > "$BENCH_OUT"
+GO=$GO scripts/bench-dns.sh
+GO=$GO scripts/bench-proxy.sh
+cat scripts/bench-notes.md >> "$BENCH_OUT"
+scripts/bench-goals.sh "$(($(date +%s) - t0))"
+echo "bench: wrote $BENCH_OUT in $(($(date +%s) - t0)) s"

@@ -353,10 +353,12 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 }
 
 func (p *Proxy) finishRequest(r RequestRecord) {
-	p.log.Log(context.Background(), p.level(r.Verdict), "request", "source", r.Source, "host", r.Host, "method", r.Method, "url", r.URL,
-		"status", r.Status, "verdict", r.Verdict, "rule", r.Rule, "reason", r.Reason,
-		"req_bytes", r.ReqBytes, "res_bytes", r.ResBytes, "ttfb", r.TTFB.Round(time.Microsecond),
-		"duration", r.Duration.Round(time.Microsecond))
+	if ctx, level := context.Background(), p.level(r.Verdict); p.log.Enabled(ctx, level) {
+		p.log.Log(ctx, level, "request", "source", r.Source, "host", r.Host, "method", r.Method, "url", r.URL,
+			"status", r.Status, "verdict", r.Verdict, "rule", r.Rule, "reason", r.Reason,
+			"req_bytes", r.ReqBytes, "res_bytes", r.ResBytes, "ttfb", r.TTFB.Round(time.Microsecond),
+			"duration", r.Duration.Round(time.Microsecond))
+	}
 	if p.cfg.OnRequest != nil {
 		p.cfg.OnRequest(r)
 	}

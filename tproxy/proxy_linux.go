@@ -1,6 +1,7 @@
 package tproxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -146,6 +147,12 @@ type Proxy struct {
 	mu    sync.Mutex
 	conns map[*net.TCPConn]*tracked
 
+	// peekBufs holds MaxPeek-byte buffers for peek: a ClientHello needs a
+	// few hundred bytes of one, and a connection that stays open for
+	// hours keeps only those.
+	peekBufs sync.Pool
+	pipes    *pipePool
+
 	fwdOnce           sync.Once // builds the forwarders on first interception
 	fwdHTTP, fwdHTTPS *httputil.ReverseProxy
 	transport         *http.Transport
@@ -184,7 +191,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	return &Proxy{cfg: cfg, log: log.With("component", "tproxy", "sandbox", cfg.Sandbox),
-		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop}, nil
+		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop, pipes: newPipePool(64)}, nil
 }
 
 // Start binds the listen address and serves until Close.
@@ -231,6 +238,7 @@ func (p *Proxy) Close() error {
 		if p.transport != nil {
 			p.transport.CloseIdleConnections()
 		}
+		p.pipes.close()
 	})
 	return err
 }
@@ -440,7 +448,13 @@ func (c *conn) claimedName() string {
 // a client that sends nothing within wait is fine (a server-first protocol);
 // otherwise silence is an error.
 func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
-	buf := make([]byte, MaxPeek)
+	bp, _ := p.peekBufs.Get().(*[]byte)
+	if bp == nil {
+		b := make([]byte, MaxPeek)
+		bp = &b
+	}
+	defer p.peekBufs.Put(bp)
+	buf := *bp
 	n := 0
 	deadline := time.Now().Add(wait)
 	extended := false
@@ -463,17 +477,17 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 			httpDone := perr != errNeedMore
 			if tlsDone && httpDone {
 				if !errors.Is(herr, errNotTLS) {
-					c.peeked = buf[:n]
+					c.peeked = bytes.Clone(buf[:n])
 					return fmt.Errorf("bad TLS ClientHello: %v", herr)
 				}
 				if !errors.Is(perr, errNotHTTP) {
-					c.peeked = buf[:n]
+					c.peeked = bytes.Clone(buf[:n])
 					return fmt.Errorf("bad HTTP request: %v", perr)
 				}
 				break // another protocol: no name in it
 			}
 			if n == len(buf) {
-				c.peeked = buf[:n]
+				c.peeked = bytes.Clone(buf[:n])
 				return fmt.Errorf("no complete ClientHello or HTTP head in %d bytes", n)
 			}
 			// The first bytes arrived: give the rest the full peek time,
@@ -490,13 +504,13 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 					c.silent = true
 					break
 				}
-				c.peeked = buf[:n]
+				c.peeked = bytes.Clone(buf[:n])
 				if n == 0 {
 					return fmt.Errorf("client sent nothing within %s", wait)
 				}
 				return fmt.Errorf("client stalled after %d bytes", n)
 			}
-			c.peeked = buf[:n]
+			c.peeked = bytes.Clone(buf[:n])
 			if n == 0 {
 				return fmt.Errorf("client closed before sending anything")
 			}
@@ -504,7 +518,7 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 		}
 	}
 	c.client.SetReadDeadline(time.Time{})
-	c.peeked = buf[:n]
+	c.peeked = bytes.Clone(buf[:n])
 	return nil
 }
 
@@ -587,8 +601,8 @@ var (
 	broadcast = netip.MustParseAddr("255.255.255.255")
 )
 
-// splice copies between the raw sockets, after the bytes already peeked.
-// io.Copy between two *net.TCPConn uses splice(2); nothing may wrap them.
+// splice copies between the raw sockets with splice(2), after the bytes
+// already peeked; nothing may wrap them.
 // A client that was silent in the sniff window has its first bytes checked
 // before anything of it reaches the upstream; the upstream may speak first
 // meanwhile.
@@ -599,7 +613,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		down, downErr = io.Copy(c.client, up)
+		down, downErr = p.pipes.copy(c.client, up)
 		c.client.CloseWrite()
 	}()
 	if c.silent {
@@ -622,7 +636,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 		}
 		c.rec.Up = int64(len(c.peeked))
 	}
-	n, upErr := io.Copy(up, c.client)
+	n, upErr := p.pipes.copy(up, c.client)
 	c.rec.Up += n
 	if upErr != nil {
 		// The client broke off: end the other direction too.
@@ -721,10 +735,14 @@ func (p *Proxy) reset(c *conn, reason string) {
 }
 
 func (p *Proxy) finish(r Record) {
-	p.log.Log(context.Background(), p.level(r.Verdict), "connection",
-		"source", r.Source, "host", r.Host, "port", r.Port, "verdict", r.Verdict, "rule", r.Rule,
-		"reason", r.Reason, "dest", r.Dest, "upstream", r.Upstream, "up", r.Up, "down", r.Down,
-		"duration", r.Duration.Round(time.Millisecond), "close", r.Close)
+	// Checked first: boxing the attributes costs allocations on every
+	// connection, also when the line is not written.
+	if ctx, level := context.Background(), p.level(r.Verdict); p.log.Enabled(ctx, level) {
+		p.log.Log(ctx, level, "connection",
+			"source", r.Source, "host", r.Host, "port", r.Port, "verdict", r.Verdict, "rule", r.Rule,
+			"reason", r.Reason, "dest", r.Dest, "upstream", r.Upstream, "up", r.Up, "down", r.Down,
+			"duration", r.Duration.Round(time.Millisecond), "close", r.Close)
+	}
 	if p.cfg.OnRecord != nil {
 		p.cfg.OnRecord(r)
 	}

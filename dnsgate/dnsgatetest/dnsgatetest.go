@@ -14,7 +14,9 @@ import (
 
 // Server is a fake authoritative server for a few names.
 type Server struct {
-	// A maps a name (lower case, no trailing dot) to its IPv4 address.
+	// A maps a name (lower case, no trailing dot) to its IPv4 address. A
+	// key "*.example" answers for every name under example that has no
+	// key of its own.
 	A map[string]string
 	// TXT maps a name to its TXT record.
 	TXT map[string]string
@@ -84,6 +86,23 @@ func (s *Server) Saw(name string) bool {
 	return false
 }
 
+// lookupA finds name in A, exactly or under the closest "*." key.
+func (s *Server) lookupA(name string) (string, bool) {
+	if ip, ok := s.A[name]; ok {
+		return ip, true
+	}
+	for rest := name; ; {
+		_, after, ok := strings.Cut(rest, ".")
+		if !ok {
+			return "", false
+		}
+		if ip, ok := s.A["*."+after]; ok {
+			return ip, true
+		}
+		rest = after
+	}
+}
+
 func (s *Server) serve(netw string) func(dns.ResponseWriter, *dns.Msg) {
 	return func(w dns.ResponseWriter, req *dns.Msg) {
 		resp := new(dns.Msg)
@@ -100,7 +119,7 @@ func (s *Server) serve(netw string) func(dns.ResponseWriter, *dns.Msg) {
 		s.mu.Unlock()
 		resp.Authoritative = true
 		found := false
-		if ip, ok := s.A[name]; ok {
+		if ip, ok := s.lookupA(name); ok {
 			found = true
 			if q.Qtype == dns.TypeA {
 				resp.Answer = append(resp.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.ParseIP(ip)})

@@ -62,6 +62,10 @@ type World struct {
 	CAFile string
 
 	DNS *dnsgatetest.Server
+	// DaemonLogLevel is airlockd's --log-level; "" means debug, which
+	// tests read. Benchmarks set info: a debug line per connection is
+	// work a production daemon does not do.
+	DaemonLogLevel string
 
 	mu   sync.Mutex // guards logs
 	logs []string   // "proto addr ← from: data" lines of everything that reached the internet
@@ -101,7 +105,8 @@ func New(t testing.TB) *World {
 		A: map[string]string{"allowed.test": WebAddr, "other.test": WebAddr, "ssh.test": WebAddr,
 			"api.allowed.test": WebAddr, "badcert.test": WebAddr, "unknown.example": WebAddr,
 			"api.unknown.test": WebAddr, "generativelanguage.googleapis.com": WebAddr,
-			"private.test": Private, "metadata.test": Metadata, "decoy.test": DecoyAddr},
+			"private.test": Private, "metadata.test": Metadata, "decoy.test": DecoyAddr,
+			"*.bench.test": WebAddr},
 		TXT: map[string]string{"allowed.test": "v=allowed", "unknown.test": "v=secret"},
 	}
 	w.InNetns(w.Inet, func() {
@@ -230,13 +235,14 @@ func (w *World) tcpLogger(addr string) {
 
 // webServers serves HTTP on WebAddr:80 and HTTPS on WebAddr:443 (HTTP/1.1
 // and HTTP/2) with a certificate from a fresh test CA (ECDSA P-256) for
-// allowed.test, api.allowed.test, other.test and WebAddr (not badcert.test), writes the CA to w.CAFile, and logs every request
+// allowed.test, api.allowed.test, other.test, *.bench.test (names the
+// benchmarks make up by the thousand) and WebAddr (not badcert.test), writes the CA to w.CAFile, and logs every request
 // with its Host. "/" answers "internet"; "/bytes/N" answers N bytes, byte i
 // being i%251; any path ending in "/blob/N" answers N bytes as fast as it
 // can.
 func (w *World) webServers() {
 	// badcert.test resolves here too, but the certificate does not name it.
-	ca, leaf, err := testcerts.New([]string{"allowed.test", "api.allowed.test", "other.test"}, []net.IP{net.ParseIP(WebAddr)})
+	ca, leaf, err := testcerts.New([]string{"allowed.test", "api.allowed.test", "other.test", "*.bench.test"}, []net.IP{net.ParseIP(WebAddr)})
 	if err != nil {
 		w.t.Errorf("test certificates: %v", err)
 		return
@@ -391,6 +397,14 @@ var (
 	binErr  error
 )
 
+// RemoveBinaries removes what Binaries built; call it from TestMain once
+// the tests are done.
+func RemoveBinaries() {
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+}
+
 func moduleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
@@ -450,10 +464,14 @@ func (w *World) startDaemon(inHost bool, cfg string, env ...string) *Daemon {
 	w.t.Helper()
 	bin := Binaries(w.t)
 	d := &Daemon{w: w, Log: &SyncBuffer{}, done: make(chan struct{}), cfg: cfg, env: env}
+	level := w.DaemonLogLevel
+	if level == "" {
+		level = "debug"
+	}
 	if inHost {
-		d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+		d.cmd = exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", level)
 	} else {
-		d.cmd = exec.Command(filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", "debug")
+		d.cmd = exec.Command(filepath.Join(bin, "airlockd"), "--config", cfg, "--log-level", level)
 	}
 	d.cmd.Env = append(os.Environ(), env...)
 	d.cmd.Stdout, d.cmd.Stderr = d.Log, d.Log

@@ -2,7 +2,7 @@
 // names under bench.test get fake IPs, denied.test is denied, names under
 // fwd.test are allowed and forwarded to a fake upstream it also runs (TXT
 // records t0..t999.fwd.test). The exfiltration guard's cap is lifted so the
-// forwarded set does not trip it. It runs until SIGINT or SIGTERM.
+// forwarded set does not trip it. -rules pads the policy to that many rules. It runs until SIGINT or SIGTERM.
 package main
 
 import (
@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -24,7 +25,17 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:5301", "gate address")
 	upstream := flag.String("upstream", "127.0.0.1:5300", "fake upstream address (also used by the peers)")
 	noGate := flag.Bool("upstream-only", false, "run only the fake upstream")
+	nRules := flag.Int("rules", 10, "rules in the policy: the two the benchmark needs, the rest exact hosts and wildcards that match none of its names")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fail(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 
 	up := &dnsgatetest.Server{TXT: map[string]string{}}
 	for i := 0; i < 1000; i++ {
@@ -37,6 +48,13 @@ func main() {
 		rules := []*policy.Rule{
 			policy.NewRule(policy.Allowlist, policy.User, policy.MustParse("*.fwd.test"), "", "bench", time.Time{}),
 			policy.NewRule(policy.Denylist, policy.User, policy.MustParse("denied.test"), "", "bench", time.Time{}),
+		}
+		for i := len(rules); i < *nRules; i++ {
+			p := fmt.Sprintf("h%d.example.com", i)
+			if i%5 == 0 {
+				p = fmt.Sprintf("*.w%d.example.com", i)
+			}
+			rules = append(rules, policy.NewRule(policy.Allowlist, policy.User, policy.MustParse(p), "", "bench", time.Time{}))
 		}
 		pool, err := dnsgate.NewPool(dnsgate.DefaultPool)
 		if err != nil {

@@ -1,0 +1,171 @@
+package tproxy
+
+import (
+	"io"
+	"net"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxSplice is how much one splice(2) call moves at most, and the size
+// asked for each pipe (as Go's own splice path does).
+const maxSplice = 1 << 20
+
+// pipePool lends pipes to splice(2) for a burst of data at a time, so that
+// an idle connection holds none. (io.Copy between two TCP sockets keeps a
+// pipe, two descriptors, per direction for the connection's whole life:
+// six descriptors per idle spliced connection instead of two.) The zero
+// value is unusable; see newPipePool.
+type pipePool struct {
+	free chan *pipe
+}
+
+type pipe struct {
+	r, w int
+	n    int64 // bytes in the pipe not yet moved on
+}
+
+// newPipePool keeps up to n idle pipes.
+func newPipePool(n int) *pipePool { return &pipePool{free: make(chan *pipe, n)} }
+
+func (pp *pipePool) get() (*pipe, error) {
+	select {
+	case p := <-pp.free:
+		return p, nil
+	default:
+	}
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, os.NewSyscallError("pipe2", err)
+	}
+	unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, maxSplice) // best effort: a default pipe moves 64 KiB at a time
+	return &pipe{r: fds[0], w: fds[1]}, nil
+}
+
+// put keeps p for the next burst, unless it still holds data or the pool
+// is full.
+func (pp *pipePool) put(p *pipe) {
+	if p.n == 0 {
+		select {
+		case pp.free <- p:
+			return
+		default:
+		}
+	}
+	p.close()
+}
+
+// close closes the idle pipes. Pipes lent out are closed when they come
+// back, or by whoever holds them.
+func (pp *pipePool) close() {
+	for {
+		select {
+		case p := <-pp.free:
+			p.close()
+		default:
+			return
+		}
+	}
+}
+
+func (p *pipe) close() {
+	unix.Close(p.r)
+	unix.Close(p.w)
+}
+
+// copy moves src to dst with splice(2) until src's end, like io.Copy, and
+// returns the bytes written to dst. Between bursts it waits for src
+// without a pipe. Closing either connection ends it with an error.
+func (pp *pipePool) copy(dst, src *net.TCPConn) (int64, error) {
+	sc, err := src.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	dc, err := dst.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for {
+		// Wait for data or the end, holding nothing.
+		var rerr error
+		eof := false
+		if err := sc.Read(func(fd uintptr) bool {
+			var b [1]byte
+			n, _, e := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			switch {
+			case e == unix.EAGAIN || e == unix.EINTR:
+				return false
+			case e != nil:
+				rerr = os.NewSyscallError("recvfrom", e)
+			case n == 0:
+				eof = true
+			}
+			return true
+		}); err != nil {
+			return total, err
+		}
+		if rerr != nil || eof {
+			return total, rerr
+		}
+		p, err := pp.get()
+		if err != nil {
+			return total, err
+		}
+		n, err := p.burst(dc, sc)
+		total += n
+		pp.put(p)
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// burst moves what src has to dst through the pipe, until src would
+// block or ends.
+func (p *pipe) burst(dc, sc syscall.RawConn) (int64, error) {
+	var total int64
+	for {
+		var n int64
+		var serr error
+		if err := sc.Read(func(fd uintptr) bool {
+			for {
+				n, serr = unix.Splice(int(fd), nil, p.w, nil, maxSplice, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+				if serr != unix.EINTR {
+					return true
+				}
+			}
+		}); err != nil {
+			return total, err
+		}
+		switch {
+		case serr == unix.EAGAIN:
+			return total, nil
+		case serr != nil:
+			return total, os.NewSyscallError("splice", serr)
+		case n == 0:
+			return total, nil // the end: the caller's next wait sees it
+		}
+		p.n += n
+		for p.n > 0 {
+			var m int64
+			var werr error
+			if err := dc.Write(func(fd uintptr) bool {
+				m, werr = unix.Splice(p.r, nil, int(fd), nil, int(p.n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+				return werr != unix.EAGAIN && werr != unix.EINTR
+			}); err != nil {
+				return total, err
+			}
+			if werr != nil {
+				return total, os.NewSyscallError("splice", werr)
+			}
+			if m == 0 {
+				return total, io.ErrShortWrite
+			}
+			p.n -= m
+			total += m
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package tproxy
+
+import (
+	"bytes"
+	"crypto/rand"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	a, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a.(*net.TCPConn), b.(*net.TCPConn)
+}
+
+func TestPipePoolCopy(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		sizes []int // bursts the source sends, with a pause between them
+	}{
+		{name: "nothing"},
+		{name: "one byte", sizes: []int{1}},
+		{name: "bursts", sizes: []int{100, 70000, 3}},
+		{name: "bulk", sizes: []int{8 << 20}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pp := newPipePool(4)
+			defer pp.close()
+			client, srcEnd := tcpPair(t) // client writes; the copy reads srcEnd
+			dstEnd, reader := tcpPair(t) // the copy writes dstEnd; reader reads
+			var want bytes.Buffer
+			bursts := make([][]byte, len(tc.sizes))
+			for i, n := range tc.sizes {
+				bursts[i] = make([]byte, n)
+				rand.Read(bursts[i])
+				want.Write(bursts[i])
+			}
+			go func() {
+				for _, b := range bursts {
+					client.Write(b)
+					// Once the burst is through, the pipe is back in the pool.
+					deadline := time.Now().Add(2 * time.Second)
+					for len(pp.free) != 1 && time.Now().Before(deadline) {
+						time.Sleep(time.Millisecond)
+					}
+					if len(pp.free) != 1 {
+						t.Errorf("between bursts %d pipes are idle in the pool, want 1 (the copy holds none)", len(pp.free))
+					}
+				}
+				client.CloseWrite()
+			}()
+			type result struct {
+				n   int64
+				err error
+			}
+			done := make(chan result)
+			go func() {
+				n, err := pp.copy(dstEnd, srcEnd)
+				dstEnd.CloseWrite()
+				done <- result{n, err}
+			}()
+			got, err := io.ReadAll(reader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil || r.n != int64(want.Len()) {
+				t.Errorf("copy = %d, %v; want %d, nil", r.n, r.err, want.Len())
+			}
+			if !bytes.Equal(got, want.Bytes()) {
+				t.Errorf("received %d bytes that differ from the %d sent", len(got), want.Len())
+			}
+		})
+	}
+}
+
+func TestPipePoolCopyEndsWhenClosed(t *testing.T) {
+	pp := newPipePool(4)
+	defer pp.close()
+	_, srcEnd := tcpPair(t)
+	dstEnd, _ := tcpPair(t)
+	done := make(chan error)
+	go func() {
+		_, err := pp.copy(dstEnd, srcEnd)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	srcEnd.Close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("copy from a closed connection ended without an error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("copy still waiting 5 s after its source was closed")
+	}
+}
