@@ -444,12 +444,16 @@ func benchRuleScale(b *testing.B, w *testworld.World, d *testworld.Daemon, membe
 			}
 		}
 		os.WriteFile(policy, []byte(sb.String()), 0o644)
-		want := fmt.Sprintf("rules=%d", rules)
-		for deadline := time.Now().Add(60 * time.Second); !strings.Contains(d.Log.String(), want); time.Sleep(50 * time.Millisecond) {
+		// The edit widens access, so a poll holds it: a reload, as a
+		// person would run, puts it in force.
+		reloads := strings.Count(d.Log.String(), "msg=reloaded")
+		d.Signal(syscall.SIGHUP)
+		for deadline := time.Now().Add(60 * time.Second); strings.Count(d.Log.String(), "msg=reloaded") == reloads; time.Sleep(50 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				b.Fatalf("policy with %d rules not reloaded after 60 s", rules)
 			}
 		}
+		want := fmt.Sprintf("rules=%d", rules)
 		benchConns(b, "connect-"+want, []benchPath{member}, 1, n, 1, "https://allowed.test/")
 	}
 }
