@@ -42,6 +42,7 @@ func probeImage(t *testing.T) {
 	if out, err := exec.Command("docker", "build", "-q", "-t", dkImage, dir).CombinedOutput(); err != nil {
 		t.Fatalf("docker build: %v\n%s", err, out)
 	}
+	t.Cleanup(func() { exec.Command("docker", "image", "rm", "-f", dkImage).Run() })
 }
 
 func docker(t *testing.T, args ...string) (string, error) {
