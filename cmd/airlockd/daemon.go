@@ -273,9 +273,7 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		// their first packet.
 		d.docker.Register(sb.Name, s.net)
 		for _, m := range d.docker.Members(sb.Name) {
-			if t, err := policy.ParseTrust(m.Trust); err == nil {
-				s.policy.SetTrust(m.Source, t)
-			}
+			s.trustLabel(m)
 		}
 	}
 	guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{

@@ -145,9 +145,7 @@ func (d *daemon) memberChanged(m netns.Member, event string) {
 	e := audit.Entry{Kind: audit.KindMember, Sandbox: m.Sandbox, Source: m.Source, Agent: m.Agent, Host: m.Name, Dest: m.Addr.String(), Action: event}
 	switch {
 	case event == "start":
-		if t, err := policy.ParseTrust(m.Trust); err == nil && s.policy.Trust(m.Source) != t {
-			s.policy.SetTrust(m.Source, t)
-		}
+		s.trustLabel(m)
 		e.Reason = "container joined the sandbox"
 		if m.Managed == "member" {
 			d.superviseMember(s, m)
@@ -159,6 +157,13 @@ func (d *daemon) memberChanged(m netns.Member, event string) {
 		e.Reason = fmt.Sprintf("container left the sandbox (%s, exit code %d)", event, m.ExitCode)
 	}
 	d.mets.Observe(s.journal.Add(e))
+}
+
+// trustLabel puts a container's airlock.trust label in force for its source.
+func (s *sandbox) trustLabel(m netns.Member) {
+	if t, err := policy.ParseTrust(m.Trust); err == nil && s.policy.Trust(m.Source) != t {
+		s.policy.SetTrust(m.Source, t)
+	}
 }
 
 // sandboxNamed returns the running sandbox name, or nil. It takes no lock
