@@ -269,9 +269,12 @@ func (d *daemon) StartContainer(sandbox string, req ui.ContainerRequest) (ui.Con
 	for _, m := range d.docker.Members(sandbox) {
 		if m.ID == id {
 			out.Name, out.Source, out.Addr = m.Name, m.Source, m.Addr.String()
-			d.superviseMember(s, m)
 		}
 	}
+	// By ID, whether or not the member still runs: one that ended before
+	// the engine was asked about it is never announced as started, and its
+	// waiter must exist all the same. (For one that was, this is a no-op.)
+	d.superviseMember(s, netns.Member{ID: id, Name: out.Name})
 	return out, nil
 }
 
