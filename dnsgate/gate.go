@@ -153,9 +153,11 @@ func (g *Gate) Start() error {
 		// query came to, which miekg/dns's server arranges per datagram.
 		g.servers = append(g.servers, &dns.Server{PacketConn: pc, Handler: g, UDPSize: udpReadSize})
 	} else {
-		g.udp = pc.(*net.UDPConn)
+		udp := pc.(*net.UDPConn)
+		g.udp = udp
+		// The readers get the socket itself: Close clears g.udp.
 		for range max(2, runtime.GOMAXPROCS(0)) {
-			g.wg.Go(func() { g.serveUDP(g.udp) })
+			g.wg.Go(func() { g.serveUDP(udp) })
 		}
 	}
 	for _, s := range g.servers {
