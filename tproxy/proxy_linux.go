@@ -328,14 +328,10 @@ func (p *Proxy) handle(client *net.TCPConn) {
 			p.reset(c, err.Error())
 			return
 		}
-		// What the client says must agree with the name it resolved:
-		// anything else is an attempt to reach another host (fronting).
-		if claimed := c.claimedName(); claimed != "" {
-			if n, err := policy.NormalizeHost(claimed); err != nil || n != name {
-				c.rec.Host = name
-				p.deny(c, fmt.Sprintf("the connection was resolved for %s but asks for %s", name, claimed), policy.Decision{})
-				return
-			}
+		if err := c.fronting(name); err != nil {
+			c.rec.Host = name
+			p.deny(c, err.Error(), policy.Decision{})
+			return
 		}
 	} else {
 		if err := p.peek(c, p.cfg.PeekTimeout, false); err != nil {
@@ -443,6 +439,18 @@ func (c *conn) claimedName() string {
 	return ""
 }
 
+// fronting says why the name the client's bytes claim (SNI or Host), if
+// any, is not name, the one its connection was resolved for: asking for
+// another host there is an attempt to reach it (domain fronting).
+func (c *conn) fronting(name string) error {
+	if claimed := c.claimedName(); claimed != "" {
+		if n, err := policy.NormalizeHost(claimed); err != nil || n != name {
+			return fmt.Errorf("the connection was resolved for %s but asks for %s", name, claimed)
+		}
+	}
+	return nil
+}
+
 // peek reads the client's first bytes until they are a whole ClientHello or
 // HTTP request head, are neither, or MaxPeek is reached. With optional set,
 // a client that sends nothing within wait is fine (a server-first protocol);
@@ -456,6 +464,9 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 	defer p.peekBufs.Put(bp)
 	buf := *bp
 	n := 0
+	// Whatever the outcome, the connection keeps the bytes read, and not
+	// the pooled buffer (deferred calls run last first: before the Put).
+	defer func() { c.peeked = bytes.Clone(buf[:n]) }()
 	deadline := time.Now().Add(wait)
 	extended := false
 	for {
@@ -477,17 +488,14 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 			httpDone := perr != errNeedMore
 			if tlsDone && httpDone {
 				if !errors.Is(herr, errNotTLS) {
-					c.peeked = bytes.Clone(buf[:n])
 					return fmt.Errorf("bad TLS ClientHello: %v", herr)
 				}
 				if !errors.Is(perr, errNotHTTP) {
-					c.peeked = bytes.Clone(buf[:n])
 					return fmt.Errorf("bad HTTP request: %v", perr)
 				}
 				break // another protocol: no name in it
 			}
 			if n == len(buf) {
-				c.peeked = bytes.Clone(buf[:n])
 				return fmt.Errorf("no complete ClientHello or HTTP head in %d bytes", n)
 			}
 			// The first bytes arrived: give the rest the full peek time,
@@ -504,13 +512,11 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 					c.silent = true
 					break
 				}
-				c.peeked = bytes.Clone(buf[:n])
 				if n == 0 {
 					return fmt.Errorf("client sent nothing within %s", wait)
 				}
 				return fmt.Errorf("client stalled after %d bytes", n)
 			}
-			c.peeked = bytes.Clone(buf[:n])
 			if n == 0 {
 				return fmt.Errorf("client closed before sending anything")
 			}
@@ -518,7 +524,6 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 		}
 	}
 	c.client.SetReadDeadline(time.Time{})
-	c.peeked = bytes.Clone(buf[:n])
 	return nil
 }
 
@@ -682,12 +687,7 @@ func (p *Proxy) firstBytes(c *conn, name string, inspect bool) error {
 	case inspect:
 		return errors.New("TLS that must be intercepted has to start at once; reconnect and send the ClientHello right away")
 	}
-	if claimed := c.claimedName(); claimed != "" {
-		if n, err := policy.NormalizeHost(claimed); err != nil || n != name {
-			return fmt.Errorf("the connection was resolved for %s but asks for %s", name, claimed)
-		}
-	}
-	return nil
+	return c.fronting(name)
 }
 
 // deny refuses a connection: a plain HTTP request gets a 403 that says
@@ -773,17 +773,24 @@ func (p *Proxy) janitor() {
 			return
 		case <-t.C:
 		}
+		// The pairs are copied under the lock and their sockets asked
+		// after it, so accepting and ending connections never wait on
+		// those system calls. Closing one that ended meanwhile is harmless.
+		type pair struct{ client, up *net.TCPConn }
 		p.mu.Lock()
+		pairs := make([]pair, 0, len(p.conns))
 		for c, tr := range p.conns {
-			if tr.up == nil {
-				continue
-			}
-			if idle(c) > p.cfg.IdleTimeout && idle(tr.up) > p.cfg.IdleTimeout {
-				c.Close()
-				tr.up.Close()
+			if tr.up != nil {
+				pairs = append(pairs, pair{c, tr.up})
 			}
 		}
 		p.mu.Unlock()
+		for _, pr := range pairs {
+			if idle(pr.client) > p.cfg.IdleTimeout && idle(pr.up) > p.cfg.IdleTimeout {
+				pr.client.Close()
+				pr.up.Close()
+			}
+		}
 	}
 }
 
