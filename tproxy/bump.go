@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -333,23 +332,11 @@ func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Con
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", host, err)
 	}
-	var errs, refused []string
-	for _, a := range addrs {
-		if why := p.ssrf(source, a, uint16(port)); why != "" {
-			refused = append(refused, a.String()+" ("+why+")")
-			continue
-		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(a, uint16(port)).String())
-		if err == nil {
-			return c, nil
-		}
-		errs = append(errs, err.Error())
+	c, err := p.dialFirst(ctx, source, host, addrs, uint16(port), addr)
+	if err != nil {
+		return nil, err // not a nil *net.TCPConn in a non-nil net.Conn
 	}
-	if len(errs) == 0 && len(refused) > 0 {
-		return nil, &ssrfError{host: host, refused: refused}
-	}
-	return nil, fmt.Errorf("connect to %s: %s", addr, strings.Join(errs, "; "))
+	return c, nil
 }
 
 func (p *Proxy) finishRequest(r RequestRecord) {

@@ -541,26 +541,35 @@ func (p *Proxy) dial(c *conn, host string, dst netip.AddrPort, rawIP bool) (*net
 			return nil, fmt.Errorf("resolve %s: %v", host, err)
 		}
 	}
-	var refused []string
-	var errs []string
+	conn, err := p.dialFirst(ctx, c.rec.Source, host, addrs, dst.Port(), host+":"+strconv.Itoa(int(dst.Port())))
+	if err == nil {
+		c.rec.Upstream = conn.RemoteAddr().String()
+	}
+	return conn, err
+}
+
+// dialFirst connects to the first of addrs (resolved for host) that the
+// SSRF guard lets source reach on port. what names the destination in the
+// error.
+func (p *Proxy) dialFirst(ctx context.Context, source, host string, addrs []netip.Addr, port uint16, what string) (*net.TCPConn, error) {
+	var refused, errs []string
 	for _, a := range addrs {
-		if why := p.ssrf(c.rec.Source, a, dst.Port()); why != "" {
+		if why := p.ssrf(source, a, port); why != "" {
 			refused = append(refused, a.String()+" ("+why+")")
 			continue
 		}
 		var d net.Dialer
-		conn, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(a, dst.Port()).String())
+		conn, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(a, port).String())
 		if err != nil {
 			errs = append(errs, err.Error())
 			continue
 		}
-		c.rec.Upstream = conn.RemoteAddr().String()
 		return conn.(*net.TCPConn), nil
 	}
 	if len(errs) == 0 && len(refused) > 0 {
 		return nil, &ssrfError{host: host, refused: refused}
 	}
-	return nil, fmt.Errorf("connect to %s:%d: %s", host, dst.Port(), strings.Join(errs, "; "))
+	return nil, fmt.Errorf("connect to %s: %s", what, strings.Join(errs, "; "))
 }
 
 // ssrf returns why an upstream address is refused, or "". Loopback,
