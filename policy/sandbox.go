@@ -114,12 +114,20 @@ func (s *Sandbox) DecideName(source, name string) Decision {
 // any URL it is given.
 func highRisk(source string) bool {
 	name, ok := strings.CutPrefix(source, "mcp:")
-	if !ok {
-		return false
-	}
-	k, known := LookupMCPServer(name)
-	return known && k.Risk == RiskHigh
+	return ok && highRiskServers[strings.ToLower(strings.TrimSpace(name))]
 }
+
+// highRiskServers are the names of the known high-risk MCP servers, read
+// once: highRisk is asked on every decision.
+var highRiskServers = func() map[string]bool {
+	m := map[string]bool{}
+	for _, k := range knownMCPServers {
+		if k.Risk == RiskHigh {
+			m[k.Name] = true
+		}
+	}
+	return m
+}()
 
 // SetTrust records the trust level of a member that is not one of the
 // policy file's mcp_servers (a container labelled airlock.trust). Zero
