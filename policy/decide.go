@@ -237,15 +237,21 @@ func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
 	if isIP {
 		return Decision{Verdict: Deny, Reason: ReasonRawIP}
 	}
-	if q.MemberOnly {
+	return rs.noRuleDecision(q.MemberOnly, q.AskEach)
+}
+
+// noRuleDecision answers a request or a name no rule decided: a user_added
+// member (memberOnly) is denied; a high-risk one (askEach) is asked, or
+// denied when unknown_action is deny, whatever else unknown_action says;
+// anyone else gets the unknown action.
+func (rs *Ruleset) noRuleDecision(memberOnly, askEach bool) Decision {
+	switch {
+	case memberOnly:
 		return Decision{Verdict: Deny, Reason: ReasonUntrusted}
-	}
-	if q.AskEach {
-		v := Ask
-		if rs.unknown == ActionDeny {
-			v = Deny
-		}
-		return Decision{Verdict: v, Reason: ReasonAskEach, Unknown: rs.unknown}
+	case askEach && rs.unknown == ActionDeny:
+		return Decision{Verdict: Deny, Reason: ReasonAskEach, Unknown: rs.unknown}
+	case askEach:
+		return Decision{Verdict: Ask, Reason: ReasonAskEach, Unknown: rs.unknown}
 	}
 	return rs.unknownDecision()
 }
@@ -483,17 +489,9 @@ func (rs *Ruleset) decideName(source, name string, memberOnly, askEach bool) Dec
 	if m.found != nil {
 		return Decision{Verdict: Allow, Rule: m.found, Reason: ReasonAllowRule}
 	}
-	if memberOnly {
-		return Decision{Verdict: Deny, Reason: ReasonUntrusted}
-	}
-	if askEach && rs.unknown != ActionDeny {
-		// A fake address, so that the requests come and are asked about.
-		return Decision{Verdict: Ask, Reason: ReasonAskEach, Unknown: rs.unknown}
-	}
-	if askEach {
-		return Decision{Verdict: Deny, Reason: ReasonAskEach, Unknown: rs.unknown}
-	}
-	return rs.unknownDecision()
+	// For a high-risk member, Ask means a fake address, so that its
+	// requests come and are asked about.
+	return rs.noRuleDecision(memberOnly, askEach)
 }
 
 type nameMatcher struct {
