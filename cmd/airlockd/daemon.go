@@ -290,18 +290,23 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	s.closers = append(s.closers, s.journal.Close)
 	record := func(e audit.Entry) {
 		e.Sandbox = sb.Name
-		if e.Agent == "" && d.docker != nil && e.Source != "" {
-			e.Agent = d.docker.AgentOf(sb.Name, e.Source)
+		if e.Source != "" {
+			e.Agent = s.AgentOf(e.Source)
 		}
 		d.mets.Observe(s.journal.Add(e))
 	}
 	leases := cfg.LeaseDir(sb.Name)
+	dockers := s.net.DockerRange()
 	members := func(a netip.Addr) string {
 		if a == s.net.Gateway {
 			return "host" // the rules drop the gateway's address from the bridge: this is the host itself
 		}
-		if src := netns.LeaseSource(leases, a); src != "" {
-			return src
+		// Leases are only ever taken below Docker's range: no file to open
+		// for a container's address.
+		if !dockers.Contains(a) {
+			if src := netns.LeaseSource(leases, a); src != "" {
+				return src
+			}
 		}
 		if d.docker != nil {
 			if m, ok := d.docker.Member(a); ok && m.Sandbox == sb.Name {
