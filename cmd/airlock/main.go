@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -174,19 +173,12 @@ func policyFiles(cfg *config.Config) ([]string, error) {
 	for _, sb := range cfg.Sandboxes {
 		out = append(out, sb.Policy)
 	}
-	saved := filepath.Join(cfg.StateDir, "sandboxes.json")
-	b, err := os.ReadFile(saved)
-	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+	made, err := config.LoadAPISandboxes(cfg.StateDir)
+	if errors.Is(err, syscall.ENOTDIR) {
 		return out, nil // Run refuses a state_dir that is not a directory
 	}
 	if err != nil {
 		return nil, err
-	}
-	var made []struct {
-		Policy string `json:"policy"`
-	}
-	if err := json.Unmarshal(b, &made); err != nil {
-		return nil, fmt.Errorf("%s: %w; fix or remove it", saved, err)
 	}
 	for _, m := range made {
 		if m.Policy != "" {

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"crypto/x509"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -149,7 +147,7 @@ func (d *daemon) init() error {
 	// earlier run; the config file wins a clash of name or subnet.
 	probe := *cfg
 	fromAPI := map[string]bool{}
-	saved, err := d.loadAPISandboxes()
+	saved, err := config.LoadAPISandboxes(cfg.StateDir)
 	if err != nil {
 		return err
 	}
@@ -492,50 +490,14 @@ func (d *daemon) removeSandboxLocked(i int) error {
 	return nil
 }
 
-type savedSandbox struct {
-	Name   string `json:"name"`
-	Policy string `json:"policy"`
-	Subnet string `json:"subnet"`
-}
-
-func (d *daemon) apiSandboxesFile() string { return filepath.Join(d.cfg.StateDir, "sandboxes.json") }
-
-func (d *daemon) loadAPISandboxes() ([]config.Sandbox, error) {
-	b, err := os.ReadFile(d.apiSandboxesFile())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var saved []savedSandbox
-	if err := json.Unmarshal(b, &saved); err != nil {
-		return nil, fmt.Errorf("%s: %w; fix or remove it", d.apiSandboxesFile(), err)
-	}
-	var out []config.Sandbox
-	for _, s := range saved {
-		p, err := netip.ParsePrefix(s.Subnet)
-		if err != nil {
-			return nil, fmt.Errorf("%s: sandbox %s: %w", d.apiSandboxesFile(), s.Name, err)
-		}
-		out = append(out, config.Sandbox{Name: s.Name, Policy: s.Policy, Subnet: p})
-	}
-	return out, nil
-}
-
 func (d *daemon) saveAPISandboxesLocked() error {
-	saved := []savedSandbox{}
+	var made []config.Sandbox
 	for _, s := range d.sandboxes {
 		if s.fromAPI {
-			saved = append(saved, savedSandbox{Name: s.cfg.Name, Policy: s.cfg.Policy, Subnet: s.cfg.Subnet.String()})
+			made = append(made, s.cfg)
 		}
 	}
-	b, _ := json.MarshalIndent(saved, "", "  ")
-	tmp := d.apiSandboxesFile() + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, d.apiSandboxesFile())
+	return config.SaveAPISandboxes(d.cfg.StateDir, made)
 }
 
 // registerLocked adds a started sandbox to the running ones.

@@ -6,6 +6,7 @@ package config
 import (
 	"bytes"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -268,4 +269,55 @@ func or(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// APISandboxesFile is where airlockd remembers the sandboxes made through
+// its API, in the state directory.
+func APISandboxesFile(stateDir string) string { return filepath.Join(stateDir, "sandboxes.json") }
+
+type savedSandbox struct {
+	Name   string `json:"name"`
+	Policy string `json:"policy"`
+	Subnet string `json:"subnet"`
+}
+
+// LoadAPISandboxes reads the sandboxes made through the API; a missing file
+// means none.
+func LoadAPISandboxes(stateDir string) ([]Sandbox, error) {
+	path := APISandboxesFile(stateDir)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var saved []savedSandbox
+	if err := json.Unmarshal(b, &saved); err != nil {
+		return nil, fmt.Errorf("%s: %w; fix or remove it", path, err)
+	}
+	var out []Sandbox
+	for _, s := range saved {
+		p, err := netip.ParsePrefix(s.Subnet)
+		if err != nil {
+			return nil, fmt.Errorf("%s: sandbox %s: %w", path, s.Name, err)
+		}
+		out = append(out, Sandbox{Name: s.Name, Policy: s.Policy, Subnet: p})
+	}
+	return out, nil
+}
+
+// SaveAPISandboxes replaces the file of sandboxes made through the API
+// (0600, written to a temporary file and renamed).
+func SaveAPISandboxes(stateDir string, sbs []Sandbox) error {
+	saved := []savedSandbox{}
+	for _, s := range sbs {
+		saved = append(saved, savedSandbox{Name: s.Name, Policy: s.Policy, Subnet: s.Subnet.String()})
+	}
+	b, _ := json.MarshalIndent(saved, "", "  ")
+	path := APISandboxesFile(stateDir)
+	if err := os.WriteFile(path+".tmp", append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(path+".tmp", path)
 }
