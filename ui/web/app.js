@@ -261,7 +261,7 @@ function closeAsk() {
 }
 
 document.addEventListener("change", (ev) => {
-  if (ev.target.name === "pattern") { $("custom").hidden = ev.target.value !== "__custom"; if (!$("custom").hidden) liveTest(); checkBroad(); }
+  if (ev.target.name === "pattern") { $("custom").hidden = ev.target.value !== "__custom"; if (!$("custom").hidden) liveTest(); else checkBroad(); }
 });
 
 function chosenPattern() {
