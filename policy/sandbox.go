@@ -275,11 +275,8 @@ func (s *Sandbox) Add(req AddRequest) (*Rule, error) {
 		s.setLocked(s.spec, append(slices.Clone(s.session), r))
 		return r, nil
 	}
-	if err := s.checkDiskLocked(); err != nil {
-		return nil, err
-	}
-	if err := AddRule(s.path, r); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", s.name, err)
+	if err := addRule(s.path, r, s.diskHooksLocked()); err != nil {
+		return nil, s.fileError(err)
 	}
 	// Saving a session rule to the project replaces the session copy.
 	session := slices.DeleteFunc(slices.Clone(s.session), func(x *Rule) bool { return x.ID == r.ID })
@@ -316,12 +313,9 @@ func (s *Sandbox) Remove(id string) (*Rule, error) {
 		}
 		return nil, fmt.Errorf("remove rule %s: %w", id, ErrNoRule)
 	}
-	if err := s.checkDiskLocked(); err != nil {
-		return nil, err
-	}
-	removed, err := RemoveRule(s.path, list, id)
+	removed, err := removeRule(s.path, list, id, s.diskHooksLocked())
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", s.name, err)
+		return nil, s.fileError(err)
 	}
 	return removed, s.reloadLocked(s.session)
 }
@@ -367,20 +361,28 @@ func (s *Sandbox) ReloadRestricting() error {
 	return nil
 }
 
-// checkDiskLocked refuses an edit of the policy file while the file holds
+// diskHooksLocked makes an edit of the policy file refuse a file that holds
 // edits that widen access and are not in force: the edit rewrites the file
 // and then puts all of it in force, so it would apply them without anyone
-// asking. A file that cannot be read or parsed is left to the edit, which
-// reports it.
-func (s *Sandbox) checkDiskLocked() error {
-	disk, err := loadOrDefault(s.path)
-	if err != nil {
+// asking. The check runs on the file as the edit reads it, under its lock.
+func (s *Sandbox) diskHooksLocked() writeHooks {
+	inForce := s.spec
+	return writeHooks{check: func(disk *Spec) error {
+		if why := Widens(inForce, disk); len(why) > 0 {
+			return &WidensError{Sandbox: s.name, Path: s.path, Reasons: why}
+		}
 		return nil
+	}}
+}
+
+// fileError names the sandbox in an error of an edit of its policy file; a
+// WidensError names it already.
+func (s *Sandbox) fileError(err error) error {
+	var we *WidensError
+	if errors.As(err, &we) {
+		return err
 	}
-	if why := Widens(s.spec, disk); len(why) > 0 {
-		return &WidensError{Sandbox: s.name, Path: s.path, Reasons: why}
-	}
-	return nil
+	return fmt.Errorf("sandbox %s: %w", s.name, err)
 }
 
 func (s *Sandbox) reloadLocked(session []*Rule) error {
@@ -419,20 +421,13 @@ func (s *Sandbox) SetSettings(set Settings) (Spec, error) {
 		return Spec{}, err
 	}
 	s.mu.Lock()
-	err := s.checkDiskLocked()
-	if err == nil {
-		err = SetSettings(s.path, set)
-	}
+	err := setSettings(s.path, set, s.diskHooksLocked())
 	if err == nil {
 		err = s.reloadLocked(s.session)
 	}
 	s.mu.Unlock()
-	var we *WidensError
-	if errors.As(err, &we) {
-		return Spec{}, err // names the sandbox already
-	}
 	if err != nil {
-		return Spec{}, fmt.Errorf("sandbox %s: %w", s.name, err)
+		return Spec{}, s.fileError(err)
 	}
 	return s.Spec(), nil
 }
@@ -487,11 +482,8 @@ func (s *Sandbox) Replace(req ReplaceRequest) (old, repl *Rule, err error) {
 		s.setLocked(s.spec, session)
 		return cur, nr, nil
 	}
-	if err := s.checkDiskLocked(); err != nil {
-		return nil, nil, err
-	}
-	if _, err := ReplaceRule(s.path, cur.List, cur.ID, nr); err != nil {
-		return nil, nil, fmt.Errorf("sandbox %s: %w", s.name, err)
+	if _, err := replaceRule(s.path, cur.List, cur.ID, nr, s.diskHooksLocked()); err != nil {
+		return nil, nil, s.fileError(err)
 	}
 	return cur, nr, s.reloadLocked(s.session)
 }

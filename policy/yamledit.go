@@ -223,6 +223,9 @@ func sameRule(a, b *Rule) bool {
 
 // writeHooks lets tests interrupt a write; the zero value does nothing.
 type writeHooks struct {
+	// check, when set, runs on the file as read under the lock, before
+	// the edit; an error leaves the file alone.
+	check func(old *Spec) error
 	// beforeRename runs once the new content is written and synced to the
 	// temporary file tmp, before tmp replaces the policy file.
 	beforeRename func(tmp string) error
@@ -257,6 +260,11 @@ func editFile(path string, hooks writeHooks, edit func(t *policyText, root *yaml
 	old, root, err := parseSpec(path, data)
 	if err != nil {
 		return err
+	}
+	if hooks.check != nil {
+		if err := hooks.check(old); err != nil {
+			return err
+		}
 	}
 	out, err := edit(newText(data), root, old)
 	if err != nil || out == nil {
