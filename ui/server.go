@@ -162,9 +162,7 @@ func loadOrCreateToken(path string) (string, error) {
 	if !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("API token: %w", err)
 	}
-	raw := make([]byte, 32)
-	rand.Read(raw)
-	t := hex.EncodeToString(raw)
+	t := randomHex(32)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", err
 	}
