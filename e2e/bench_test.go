@@ -41,6 +41,7 @@ type benchPath struct {
 	// (mitmdump), so that the run stays short: sizes and counts are divided
 	// by it. slowConns does the same for new-connection benchmarks only.
 	slow, slowConns int
+	noH2            bool // the path does not offer HTTP/2
 	cmd             func(argv ...string) *exec.Cmd
 }
 
@@ -257,20 +258,104 @@ func benchConns(b *testing.B, label string, paths []benchPath, c, n, names int, 
 	}
 }
 
-// benchKeepalive sends n small requests over 8 kept-alive connections
-// through each path, HTTP/1.1 and HTTP/2, and reports requests/s.
-func benchKeepalive(b *testing.B, paths []benchPath, n int) {
+// benchKeepalive sends small requests over 8 kept-alive connections
+// through each path for secs seconds, with wrk (HTTP/1.1) and h2load
+// (HTTP/2, one stream at a time per connection, so that both protocols
+// carry the same concurrency), pinned to CPU 1, and reports requests/s.
+// Paths that do not offer HTTP/2 (sslsplit, squid) get h2load --h1.
+func benchKeepalive(b *testing.B, paths []benchPath, secs int) {
 	for _, proto := range []string{"h1", "h2"} {
 		for _, p := range paths {
 			b.Run("keepalive-"+proto+"/"+p.name, func(b *testing.B) {
-				out, err := p.run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "keepalive", proto, "8", strconv.Itoa(p.div(n)), "https://allowed.test/")
-				var rps float64
-				if n, _ := fmt.Sscanf(strings.TrimSpace(out), "rps %f", &rps); n != 1 {
-					b.Fatalf("%v: %q", err, out)
+				d := strconv.Itoa(secs)
+				var argv []string
+				switch {
+				case proto == "h1":
+					argv = []string{"wrk", "-t1", "-c8", "-d" + d + "s", "https://allowed.test/"}
+				case p.noH2:
+					argv = []string{"h2load", "--h1", "-t1", "-c8", "-m1", "-D", d, "https://allowed.test/"}
+				default:
+					argv = []string{"h2load", "-t1", "-c8", "-m1", "-D", d, "https://allowed.test/"}
+				}
+				out, err := p.run(append([]string{"taskset", "-c", "1"}, argv...)...)
+				rps, failed, ok := loadResult(argv[0], out)
+				if err != nil || !ok || rps == 0 {
+					b.Fatalf("%v: %v: %q", argv, err, out)
+				}
+				if failed > 0 {
+					b.Fatalf("%v: %d requests failed: %q", argv, failed, out)
 				}
 				b.ReportMetric(rps, "req/s")
 			})
 		}
+	}
+}
+
+// loadResult reads requests/s and the count of failed requests (errors
+// and non-2xx answers) from wrk's or h2load's summary.
+func loadResult(tool, out string) (rps float64, failed int, ok bool) {
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		var a, b, c, d int
+		switch {
+		case tool == "wrk" && strings.HasPrefix(l, "Requests/sec:"):
+			_, err := fmt.Sscanf(l, "Requests/sec: %f", &rps)
+			ok = err == nil
+		case tool == "wrk" && strings.HasPrefix(l, "Socket errors:"):
+			fmt.Sscanf(l, "Socket errors: connect %d, read %d, write %d, timeout %d", &a, &b, &c, &d)
+			failed += a + b + c + d
+		case tool == "wrk" && strings.HasPrefix(l, "Non-2xx or 3xx responses:"):
+			fmt.Sscanf(l, "Non-2xx or 3xx responses: %d", &a)
+			failed += a
+		case tool == "h2load" && strings.HasPrefix(l, "finished in"):
+			_, err := fmt.Sscanf(l[strings.Index(l, ",")+1:], "%f req/s", &rps)
+			ok = err == nil
+		case tool == "h2load" && strings.HasPrefix(l, "requests:"):
+			// requests: N total, N started, N done, N succeeded, N failed, N errored, N timeout
+			f := strings.Split(l, ",")
+			if len(f) >= 5 {
+				fmt.Sscanf(strings.TrimSpace(f[4]), "%d failed", &a)
+				failed += a
+			}
+		case tool == "h2load" && strings.HasPrefix(l, "status codes:"):
+			// status codes: N 2xx, N 3xx, N 4xx, N 5xx
+			fmt.Sscanf(l, "status codes: %d 2xx, %d 3xx, %d 4xx, %d 5xx", &a, &b, &c, &d)
+			failed += b + c + d
+		}
+	}
+	return rps, failed, ok
+}
+
+// benchHey opens n connections one after another through each path with
+// hey (-c 1 -disable-keepalive: a DNS lookup, a TCP connection and a full
+// TLS handshake per request), pinned to CPU 1, and reports conns/s and
+// the p50 and p99 request latency.
+func benchHey(b *testing.B, label string, paths []benchPath, n int) {
+	for _, p := range paths {
+		b.Run(label+"/"+p.name, func(b *testing.B) {
+			argv := []string{"taskset", "-c", "1", "hey", "-n", strconv.Itoa(n), "-c", "1", "-disable-keepalive", "-t", "10", "https://allowed.test/"}
+			out, err := p.run(argv...)
+			var rate, p50, p99 float64
+			var ok200 int
+			for _, l := range strings.Split(out, "\n") {
+				l = strings.TrimSpace(l)
+				fmt.Sscanf(l, "Requests/sec: %f", &rate)
+				fmt.Sscanf(l, "50%% in %f secs", &p50)
+				fmt.Sscanf(l, "99%% in %f secs", &p99)
+				fmt.Sscanf(l, "[200] %d responses", &ok200)
+			}
+			if err != nil || rate == 0 || p99 == 0 {
+				b.Fatalf("%v: %v: %q", argv, err, out)
+			}
+			if failed := n - ok200; failed > n/100 {
+				b.Fatalf("%d of %d requests failed: %q", failed, n, out)
+			} else if failed > 0 {
+				b.ReportMetric(float64(failed), "failed")
+			}
+			b.ReportMetric(rate, "conns/s")
+			b.ReportMetric(p50*1000, "p50-ms")
+			b.ReportMetric(p99*1000, "p99-ms")
+		})
 	}
 }
 
@@ -354,7 +439,7 @@ backend b
 	const size = 1 << 30
 	benchDownload(b, "download-1GiB", paths, scale(size, size/8), 1)
 	benchDownload(b, "download-8x128MiB", paths, scale(size, size/8), 8)
-	benchConns(b, "connect", paths, 1, scale(2000, 500), 1, "https://allowed.test/")
+	benchHey(b, "connect", paths, scale(2000, 500))
 	benchApprovals(b, w, paths[2], scale(200, 50))
 	benchRuleScale(b, w, d, paths[2], scale(2000, 500))
 }
@@ -454,7 +539,7 @@ func benchRuleScale(b *testing.B, w *testworld.World, d *testworld.Daemon, membe
 			}
 		}
 		want := fmt.Sprintf("rules=%d", rules)
-		benchConns(b, "connect-"+want, []benchPath{member}, 1, n, 1, "https://allowed.test/")
+		benchHey(b, "connect-"+want, []benchPath{member}, n)
 	}
 }
 
@@ -567,6 +652,7 @@ func BenchmarkIntercept(b *testing.B) {
 	// the load (its rate is bound by latency, not CPU): fewer of them
 	// give the same rate in less time.
 	split.slowConns = 16
+	split.noH2 = true
 	paths = append(paths, split)
 
 	// squid: ssl-bump in intercept mode (peek at the ClientHello, then
@@ -601,6 +687,7 @@ shutdown_lifetime 0 seconds
 	qNS, qPid := startPeer(b, w, "10.95.0", "15005", nil, squid, "-N", "-f", squidConf)
 	sq := nsPath("squid", qNS, peerCA, qPid)
 	sq.slowConns = 4
+	sq.noH2 = true
 	paths = append(paths, sq)
 	paths = append(paths, memberPath(w, cfg, "", d))
 	for _, p := range paths[1:] {
@@ -609,7 +696,7 @@ shutdown_lifetime 0 seconds
 
 	benchIdle(b, "idle", pick(paths, "sslsplit", "airlock"), idleConns(2))
 	benchDownload(b, "https-download", pick(paths, "direct", "mitmdump", "sslsplit", "squid", "airlock"), scale(1<<30, 128<<20), 1)
-	benchKeepalive(b, paths, scale(20000, 4000))
+	benchKeepalive(b, paths, scale(3, 1))
 	hs := pick(paths, "direct", "sslsplit", "squid", "airlock")
 	benchConns(b, "handshake-warm", hs, 8, scale(2000, 500), 1, "https://warm.bench.test/")
 	benchConns(b, "handshake-cold", hs, 8, scale(10000, 1000), scale(10000, 1000), "https://c%d.bench.test/")

@@ -24,10 +24,10 @@ ulimit -n "$(ulimit -Hn)"
 
 # Peers and load tools from Debian, installed without starting their
 # services (which would take port 53, 80 or 3128 on this host).
-peers="haproxy mitmproxy sslsplit squid-openssl unbound dnsmasq-base dnsperf curl"
+peers="haproxy mitmproxy sslsplit squid-openssl unbound dnsmasq-base wrk nghttp2-client hey dnsperf curl"
 need=()
 for b in dnsperf:dnsperf unbound:unbound dnsmasq:dnsmasq-base haproxy:haproxy mitmdump:mitmproxy sslsplit:sslsplit \
-	squid:squid-openssl taskset:util-linux curl:curl dig:dnsutils openssl:openssl; do
+	squid:squid-openssl wrk:wrk h2load:nghttp2-client hey:hey taskset:util-linux curl:curl dig:dnsutils openssl:openssl; do
 	command -v "${b%%:*}" >/dev/null || need+=("${b##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -27,8 +27,8 @@ func TestSilentClientCannotFrontLater(t *testing.T) {
 			up := startUpstream(t)
 			port := up.httpsPort
 			h, _ := newBumpHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port),
-				rules(port, fmt.Sprintf("allowed.test:%d", port), fmt.Sprintf("other.test:%d", port)))
-			h.proxy.cfg.InspectAll = func() bool { return inspectAll }
+				rules(port, fmt.Sprintf("allowed.test:%d", port), fmt.Sprintf("other.test:%d", port)),
+				func(c *Config) { c.InspectAll = func() bool { return inspectAll } })
 			raw, err := net.Dial("tcp4", h.proxy.Addr().String())
 			if err != nil {
 				t.Fatal(err)

@@ -85,6 +85,9 @@ func (p *Proxy) bump(c *conn, host string, port uint16, approved bool) {
 	}
 	c.rec.Verdict = "allow"
 	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme, approved: approved}
+	up := &h1Pool{p: p, scheme: scheme, shared: p.sharedTransport()}
+	defer up.close()
+	h.fwd = p.reverseProxy(scheme, up)
 	if proto == "h2" {
 		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(client, &http2.ServeConnOpts{
 			Context: p.ctx,
@@ -111,6 +114,8 @@ type bumpHandler struct {
 	// approved: a person allowed this connection once; its requests that
 	// no rule decides are not asked about again.
 	approved bool
+	// fwd forwards over the connection's own upstream connections (h1Pool).
+	fwd *httputil.ReverseProxy
 
 	mu       sync.Mutex // guards requests
 	requests int
@@ -198,7 +203,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The upstream is the connection's name and port, whatever the Host
 	// header's spelling or (missing) port.
 	ctx = context.WithValue(ctx, targetKey{}, net.JoinHostPort(h.host, strconv.Itoa(int(h.port))))
-	h.p.forwarder(h.scheme).ServeHTTP(rw, r.WithContext(ctx))
+	h.fwd.ServeHTTP(rw, r.WithContext(ctx))
 }
 
 // forbid answers 403 with a body that says what was blocked and how to
@@ -245,12 +250,13 @@ type (
 	targetKey struct{}
 )
 
-// forwarder returns the reverse proxy for a scheme, built once: it sends
-// each request to the connection's host, by name, through the SSRF guard,
-// verifying upstream TLS against the system roots and upstream_ca_file.
-func (p *Proxy) forwarder(scheme string) *httputil.ReverseProxy {
+// sharedTransport returns the Transport that every intercepted connection
+// shares for what its own connections (h1Pool) do not carry, built once:
+// it dials the connection's host by name through the SSRF guard and
+// verifies upstream TLS against the system roots and upstream_ca_file.
+func (p *Proxy) sharedTransport() *http.Transport {
 	p.fwdOnce.Do(func() {
-		tr := &http.Transport{
+		p.transport = &http.Transport{
 			DialContext:           p.dialUpstream,
 			TLSClientConfig:       &tls.Config{RootCAs: p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
 			ForceAttemptHTTP2:     true,
@@ -259,40 +265,39 @@ func (p *Proxy) forwarder(scheme string) *httputil.ReverseProxy {
 			TLSHandshakeTimeout:   p.cfg.ConnectTimeout,
 			ResponseHeaderTimeout: 0, // LLM APIs may think for minutes
 		}
-		p.transport = tr
-		mk := func(scheme string) *httputil.ReverseProxy {
-			return &httputil.ReverseProxy{
-				Rewrite: func(pr *httputil.ProxyRequest) {
-					pr.Out.URL.Scheme = scheme
-					pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
-					pr.Out.Host = pr.In.Host // checked to name the connection's host
-				},
-				Transport:     tr,
-				FlushInterval: -1, // stream: SSE and LLM token streams
-				ErrorLog:      log.New(io.Discard, "", 0),
-				ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-					var se *ssrfError
-					if errors.As(err, &se) {
-						// A refusal, not an upstream failure.
-						w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-						w.Header().Set("X-Airlock-Verdict", "deny")
-						w.WriteHeader(http.StatusForbidden)
-						fmt.Fprintf(w, "airlock blocked %s: %v\n", r.URL.String(), se)
-						return
-					}
-					w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-					w.Header().Set("X-Airlock-Verdict", "upstream-error")
-					w.WriteHeader(http.StatusBadGateway)
-					fmt.Fprintf(w, "airlock could not get %s from the upstream: %v\n", r.URL.String(), explainUpstream(err))
-				},
-			}
-		}
-		p.fwdHTTP, p.fwdHTTPS = mk("http"), mk("https")
 	})
-	if scheme == "https" {
-		return p.fwdHTTPS
+	return p.transport
+}
+
+// reverseProxy forwards requests over tr to the connection's host and
+// port (targetKey), answering 403 for what the SSRF guard refuses and 502
+// for any other upstream failure.
+func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = scheme
+			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
+			pr.Out.Host = pr.In.Host // checked to name the connection's host
+		},
+		Transport:     tr,
+		FlushInterval: -1, // stream: SSE and LLM token streams
+		ErrorLog:      log.New(io.Discard, "", 0),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			var se *ssrfError
+			if errors.As(err, &se) {
+				// A refusal, not an upstream failure.
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.Header().Set("X-Airlock-Verdict", "deny")
+				w.WriteHeader(http.StatusForbidden)
+				fmt.Fprintf(w, "airlock blocked %s: %v\n", r.URL.String(), se)
+				return
+			}
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("X-Airlock-Verdict", "upstream-error")
+			w.WriteHeader(http.StatusBadGateway)
+			fmt.Fprintf(w, "airlock could not get %s from the upstream: %v\n", r.URL.String(), explainUpstream(err))
+		},
 	}
-	return p.fwdHTTP
 }
 
 // ssrfError is a refusal by the SSRF guard of every address a name

@@ -20,7 +20,7 @@ import (
 
 // newBumpHarness is newHarness with a sandbox CA and the upstream's CA
 // trusted upstream.
-func newBumpHarness(t *testing.T, up *upstream, dst netip.AddrPort, policyYAML string) (*harness, *CA) {
+func newBumpHarness(t *testing.T, up *upstream, dst netip.AddrPort, policyYAML string, tune ...func(*Config)) (*harness, *CA) {
 	ca, err := LoadOrCreateCA(filepath.Join(t.TempDir(), "ca"), "test")
 	if err != nil {
 		t.Fatal(err)
@@ -30,6 +30,9 @@ func newBumpHarness(t *testing.T, up *upstream, dst netip.AddrPort, policyYAML s
 	roots.AppendCertsFromPEM(pem)
 	h := newHarness(t, up, dst, policyYAML, func(c *Config) {
 		c.CA, c.UpstreamRoots = ca, roots
+		for _, f := range tune {
+			f(c)
+		}
 	})
 	return h, ca
 }

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -153,9 +152,8 @@ type Proxy struct {
 	peekBufs sync.Pool
 	pipes    *pipePool
 
-	fwdOnce           sync.Once // builds the forwarders on first interception
-	fwdHTTP, fwdHTTPS *httputil.ReverseProxy
-	transport         *http.Transport
+	fwdOnce   sync.Once // builds transport on first interception
+	transport *http.Transport
 }
 
 type tracked struct {

@@ -12,9 +12,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,6 +61,8 @@ type upstream struct {
 	mu                  sync.Mutex
 	seen                []string // "Host path" of each request
 	seenAt              []time.Time
+	tlsSrv              *http.Server
+	tlsConns            atomic.Int32 // TLS connections accepted
 }
 
 func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
@@ -78,6 +82,19 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 	u.seen = append(u.seen, r.Host+" "+r.URL.Path)
 	u.seenAt = append(u.seenAt, time.Now())
 	u.mu.Unlock()
+	switch path.Base(r.URL.Path) {
+	case "close":
+		w.Header().Set("Connection", "close")
+	case "stream":
+		// Until the client goes away.
+		for r.Context().Err() == nil {
+			if _, err := w.Write(make([]byte, 64<<10)); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+		}
+		return
+	}
 	fmt.Fprint(w, "internet")
 }
 
@@ -98,7 +115,13 @@ func startUpstream(t *testing.T) *upstream {
 	pl, _ := net.Listen("tcp4", "127.0.0.1:0")
 	u.httpsPort = uint16(tl.Addr().(*net.TCPAddr).Port)
 	u.httpPort = uint16(pl.Addr().(*net.TCPAddr).Port)
-	s1 := &http.Server{Handler: http.HandlerFunc(u.handler), TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf}}, ErrorLog: nil}
+	s1 := &http.Server{Handler: http.HandlerFunc(u.handler), TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf}}, ErrorLog: nil,
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				u.tlsConns.Add(1)
+			}
+		}}
+	u.tlsSrv = s1
 	s2 := &http.Server{Handler: http.HandlerFunc(u.handler)}
 	go s1.ServeTLS(tl, "", "")
 	go s2.Serve(pl)

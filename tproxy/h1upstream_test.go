@@ -1,0 +1,102 @@
+package tproxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBumpKeepAliveUpstream checks the upstream side of an intercepted
+// HTTP/1.1 client connection: its GET and HEAD requests share one upstream
+// connection; an upstream that closes it, asks to close it, or whose
+// answer the client abandons costs a new one, and no request fails for it;
+// a POST still goes through.
+func TestBumpKeepAliveUpstream(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	dial := func() (*tls.Conn, *bufio.Reader) {
+		c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	c, r := dial()
+	do := func(method, path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, fmt.Sprintf("https://api.allowed.test:%d%s", port, path), strings.NewReader(map[bool]string{true: "body"}[method == "POST"]))
+		if method != "POST" {
+			req.Body, req.ContentLength = nil, 0
+		}
+		if err := req.Write(c); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(r, req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	want := func(what string, method, path string, status int, body string, conns int32) {
+		t.Helper()
+		s, b := do(method, path)
+		if s != status || b != body {
+			t.Errorf("%s: %d %q, want %d %q", what, s, b, status, body)
+		}
+		if n := up.tlsConns.Load(); n != conns {
+			t.Errorf("%s: the upstream has had %d connections, want %d", what, n, conns)
+		}
+	}
+	want("first GET", "GET", "/v1/a", 200, "internet", 1)
+	want("second GET", "GET", "/v1/b", 200, "internet", 1)
+	want("HEAD", "HEAD", "/v1/c", 200, "", 1)
+	// The upstream closes its idle connections: the next GET is sent
+	// again on a new one.
+	up.tlsSrv.SetKeepAlivesEnabled(false)
+	up.tlsSrv.SetKeepAlivesEnabled(true)
+	time.Sleep(50 * time.Millisecond)
+	want("GET after the upstream closed", "GET", "/v1/d", 200, "internet", 2)
+	want("GET answered with Connection: close", "GET", "/v1/close", 200, "internet", 2)
+	want("GET after Connection: close", "GET", "/v1/e", 200, "internet", 3)
+	// A body goes through the shared Transport.
+	if s, b := do("POST", "/v1/f"); s != 200 || b != "internet" {
+		t.Errorf("POST: %d %q", s, b)
+	}
+
+	// A client that leaves in the middle of an endless answer: the
+	// upstream connection is closed, not drained, and the proxy serves the
+	// next client at once.
+	c2, r2 := dial()
+	fmt.Fprintf(c2, "GET /v1/stream HTTP/1.1\r\nHost: api.allowed.test:%d\r\n\r\n", port)
+	if status, _ := r2.ReadString('\n'); !strings.Contains(status, "200") {
+		t.Fatalf("stream: %q", status)
+	}
+	io.ReadFull(r2, make([]byte, 256<<10))
+	c2.Close()
+	before := up.tlsConns.Load()
+	c, r = dial()
+	want("GET after an abandoned stream", "GET", "/v1/g", 200, "internet", before+1)
+
+	var paths []string
+	for _, s := range up.requests() {
+		paths = append(paths, strings.Fields(s)[1])
+	}
+	if got := strings.Join(paths, " "); got != "/v1/a /v1/b /v1/c /v1/d /v1/close /v1/e /v1/f /v1/stream /v1/g" {
+		t.Errorf("the upstream saw %s", got)
+	}
+}
