@@ -280,7 +280,11 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 			pr.Out.Host = pr.In.Host // checked to name the connection's host
 		},
 		Transport:     tr,
-		FlushInterval: -1, // stream: SSE and LLM token streams
+		// Event streams and bodies of unknown length (SSE, LLM token
+		// streams) are flushed at every write whatever this says; a body of
+		// known length goes out as the server's buffer fills, not in a
+		// write (and a TLS record) of its own per read.
+		FlushInterval: 0,
 		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var se *ssrfError

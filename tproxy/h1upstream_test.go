@@ -2,10 +2,12 @@ package tproxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -98,5 +100,45 @@ func TestBumpKeepAliveUpstream(t *testing.T) {
 	}
 	if got := strings.Join(paths, " "); got != "/v1/a /v1/b /v1/c /v1/d /v1/close /v1/e /v1/f /v1/stream /v1/g" {
 		t.Errorf("the upstream saw %s", got)
+	}
+}
+
+// TestBumpStreamsArriveAtOnce checks that an intercepted event stream and
+// a body of unknown length (an LLM's token stream) reach the client as the
+// upstream sends them, over HTTP/1.1 and HTTP/2.
+func TestBumpStreamsArriveAtOnce(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	for _, proto := range []string{"http/1.1", "h2"} {
+		tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: roots, NextProtos: []string{proto}},
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				c, err := (&net.Dialer{}).DialContext(ctx, "tcp4", h.proxy.Addr().String())
+				if err == nil {
+					t.Cleanup(func() { c.Close() }) // before the proxy's: it would wait for them
+				}
+				return c, err
+			}}
+		if proto == "http/1.1" {
+			tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+		}
+		for _, p := range []string{"events", "ndjson"} {
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("https://api.allowed.test:%d/v1/%s", port, p), nil)
+			start := time.Now()
+			resp, err := (&http.Client{Transport: tr}).Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", proto, p, err)
+			}
+			line, err := bufio.NewReader(resp.Body).ReadString('\n')
+			if el := time.Since(start); line != "data: first\n" || el > 2*time.Second || resp.Proto != map[string]string{"h2": "HTTP/2.0"}[proto]+map[string]string{"http/1.1": "HTTP/1.1"}[proto] {
+				t.Errorf("%s %s: %q (%v) after %v", proto, p, line, err, el)
+			}
+			cancel()
+			resp.Body.Close()
+		}
 	}
 }

@@ -85,6 +85,22 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 	switch path.Base(r.URL.Path) {
 	case "close":
 		w.Header().Set("Connection", "close")
+	case "events", "ndjson":
+		// A first event at once, the rest 5 s later: a proxy that held
+		// the first back would deliver it late.
+		if path.Base(r.URL.Path) == "events" {
+			w.Header().Set("Content-Type", "text/event-stream")
+		} else {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+		}
+		io.WriteString(w, "data: first\n\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+		io.WriteString(w, "data: last\n\n")
+		return
 	case "stream":
 		// Until the client goes away.
 		for r.Context().Err() == nil {
