@@ -279,7 +279,7 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
 			pr.Out.Host = pr.In.Host // checked to name the connection's host
 		},
-		Transport:     tr,
+		Transport: tr,
 		// Event streams and bodies of unknown length (SSE, LLM token
 		// streams) are flushed at every write whatever this says; a body of
 		// known length goes out as the server's buffer fills, not in a
