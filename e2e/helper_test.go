@@ -36,7 +36,7 @@ import (
 //	dns SERVER NAME    one A query over UDP (2 s); print the addresses, or
 //	                   "dns failed: …" (a stand-in for dig +short)
 //
-// and the benchmarks' load: conns, keepalive, hold-tls, first-bytes (see
+// and the benchmarks' load: conns, hold-tls, first-bytes (see
 // each case).
 func TestMemberHelper(t *testing.T) {
 	args := helperArgs()
@@ -186,45 +186,6 @@ func TestMemberHelper(t *testing.T) {
 			resp.Body.Close()
 			fmt.Printf("fb %s %d\n", req.URL.Hostname(), first.UnixNano())
 		}
-	case "keepalive":
-		// keepalive h1|h2 C N URL: C workers, each on one kept-alive
-		// connection, share N requests; prints "rps <requests/s>". Trusts
-		// SSL_CERT_FILE.
-		c, _ := strconv.Atoi(args[2])
-		n, _ := strconv.Atoi(args[3])
-		tr := &http.Transport{MaxConnsPerHost: c, MaxIdleConnsPerHost: c, ForceAttemptHTTP2: args[1] == "h2"}
-		if args[1] == "h1" {
-			tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
-		}
-		client := &http.Client{Timeout: 30 * time.Second, Transport: tr}
-		var next atomic.Int64
-		var failed atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for w := 0; w < c; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= int64(n) {
-					resp, err := client.Get(args[4])
-					if err != nil {
-						failed.Add(1)
-						continue
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != 200 {
-						failed.Add(1)
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if f := failed.Load(); f > 0 {
-			fmt.Printf("keepalive: %d of %d failed\n", f, n)
-			os.Exit(1)
-		}
-		fmt.Printf("rps %.1f\n", float64(n)/time.Since(start).Seconds())
 	case "timed-get":
 		// timed-get URL: prints "sent <unix ns>" and, when the response is
 		// in, "done <unix ns> <status> <body>".
