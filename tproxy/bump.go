@@ -85,9 +85,7 @@ func (p *Proxy) bump(c *conn, host string, port uint16, approved bool) {
 	}
 	c.rec.Verdict = "allow"
 	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme, approved: approved}
-	up := &h1Pool{p: p, scheme: scheme, shared: p.sharedTransport()}
-	defer up.close()
-	h.fwd = p.reverseProxy(scheme, up)
+	h.fwd = p.reverseProxy(scheme, &h1Client{pool: p.h1Pool(), scheme: scheme})
 	if proto == "h2" {
 		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(client, &http2.ServeConnOpts{
 			Context: p.ctx,
@@ -114,7 +112,7 @@ type bumpHandler struct {
 	// approved: a person allowed this connection once; its requests that
 	// no rule decides are not asked about again.
 	approved bool
-	// fwd forwards over the connection's own upstream connections (h1Pool).
+	// fwd forwards the connection's requests (h1Client).
 	fwd *httputil.ReverseProxy
 
 	mu       sync.Mutex // guards requests
@@ -250,11 +248,11 @@ type (
 	targetKey struct{}
 )
 
-// sharedTransport returns the Transport that every intercepted connection
-// shares for what its own connections (h1Pool) do not carry, built once:
-// it dials the connection's host by name through the SSRF guard and
-// verifies upstream TLS against the system roots and upstream_ca_file.
-func (p *Proxy) sharedTransport() *http.Transport {
+// h1Pool returns the proxy's pool of HTTP/1.1 upstream connections with
+// the Transport it falls back on, built on the first interception: both
+// dial the connection's host by name through the SSRF guard and verify
+// upstream TLS against the system roots and upstream_ca_file.
+func (p *Proxy) h1Pool() *h1Pool {
 	p.fwdOnce.Do(func() {
 		p.transport = &http.Transport{
 			DialContext:           p.dialUpstream,
@@ -265,8 +263,9 @@ func (p *Proxy) sharedTransport() *http.Transport {
 			TLSHandshakeTimeout:   p.cfg.ConnectTimeout,
 			ResponseHeaderTimeout: 0, // LLM APIs may think for minutes
 		}
+		p.h1.shared = p.transport
 	})
-	return p.transport
+	return p.h1
 }
 
 // reverseProxy forwards requests over tr to the connection's host and

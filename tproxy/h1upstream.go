@@ -9,126 +9,163 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// h1Pool is one intercepted client connection's own HTTP/1.1 connections
-// to its upstream, for its GET and HEAD requests: each request is written
-// and its response read in the handler's goroutine, as the client's
-// connection itself works. The shared Transport hands each request to a
-// writing and a reading goroutine of its own, and over HTTP/2 to one
-// connection shared by every client: per request, several goroutine
-// switches, which bound a keep-alive client on a small machine.
+// h1Pool holds the proxy's HTTP/1.1 connections to upstreams for
+// intercepted GET and HEAD requests, idle ones by scheme, host and port:
+// each request is written and its response read in the handler's
+// goroutine, as the client's connection itself works. The shared Transport
+// hands each request to a writing and a reading goroutine of its own, and
+// over HTTP/2 to one connection shared by every client: per request,
+// several goroutine switches, which bound a keep-alive client on a small
+// machine. A connection belongs to one request at a time and goes back to
+// the pool when its response has been read to the end, so a client
+// connection that sits idle holds none.
 //
 // Requests that carry a body, upgrades and other methods take the shared
 // Transport, which handles a server that answers before it has read the
 // body and retries only what is safe to retry (gRPC, whose requests all
 // carry a body, keeps HTTP/2 upstream); so do GET and HEAD beyond
-// maxH1Upstreams at once from one HTTP/2 client. A GET or HEAD is retried
+// maxH1PerClient at once from one HTTP/2 client. A GET or HEAD is retried
 // once on a fresh connection when a kept-alive one turns out to be closed.
 type h1Pool struct {
 	p      *Proxy
-	scheme string
 	shared *http.Transport
 
-	mu     sync.Mutex // guards the rest
-	idle   []*h1Upstream
-	open   int
-	closed bool
+	mu   sync.Mutex // guards idle
+	idle map[string][]*h1Upstream
 }
 
-// maxH1Upstreams bounds the upstream connections of one client connection
-// (an HTTP/2 client may send many requests at once).
-const maxH1Upstreams = 4
+const (
+	// maxH1PerClient bounds the pool's connections one client connection
+	// uses at once (an HTTP/2 client may send many requests at once).
+	maxH1PerClient = 4
+	// maxH1Idle bounds the idle connections kept per scheme, host and port.
+	maxH1Idle = 64
+	// h1IdleTimeout closes connections idle for longer.
+	h1IdleTimeout = 90 * time.Second
+)
 
-// h1Upstream is one of an h1Pool's connections, used by one request at a
-// time.
+// h1Upstream is one of an h1Pool's connections.
 type h1Upstream struct {
-	pool *h1Pool
-	conn net.Conn // nil: none open
-	br   *bufio.Reader
-	bw   *bufio.Writer
+	pool  *h1Pool
+	key   string // scheme://host:port
+	conn  net.Conn
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	since time.Time // idle since
+}
+
+// h1Client is one client connection's use of the pool: a RoundTripper for
+// its ReverseProxy.
+type h1Client struct {
+	pool   *h1Pool
+	scheme string
+	busy   atomic.Int32
 }
 
 // RoundTrip sends req (from the ReverseProxy: its URL's host is the
 // connection's checked name and port) and reads the response head.
-func (l *h1Pool) RoundTrip(req *http.Request) (*http.Response, error) {
+func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Method != http.MethodGet && req.Method != http.MethodHead || req.ContentLength != 0 || req.Header.Get("Upgrade") != "" {
-		return l.shared.RoundTrip(req)
+		return c.pool.shared.RoundTrip(req)
 	}
-	u := l.get()
-	if u == nil {
-		return l.shared.RoundTrip(req)
+	if c.busy.Add(1) > maxH1PerClient {
+		c.busy.Add(-1)
+		return c.pool.shared.RoundTrip(req)
 	}
+	l := c.pool
+	key := c.scheme + "://" + req.URL.Host
 	for attempt := 0; ; attempt++ {
-		reused := u.conn != nil
+		u := l.get(key)
+		reused := u != nil
 		if !reused {
-			if err := u.dial(req.Context(), req.URL.Host, req.URL.Hostname()); err != nil {
-				l.put(u)
+			var err error
+			if u, err = l.dial(req.Context(), key, c.scheme, req.URL.Host, req.URL.Hostname()); err != nil {
+				c.busy.Add(-1)
 				return nil, err
 			}
 		}
-		resp, err := u.exchange(req)
+		resp, err := u.exchange(req, func() { c.busy.Add(-1) })
 		if err == nil {
-			return resp, nil // its body puts u back
+			return resp, nil // its body gives u back
 		}
-		u.close()
+		u.conn.Close()
 		// A kept-alive connection the upstream has closed fails before any
 		// of its answer arrives: once, on a fresh one.
 		if !reused || attempt > 0 || req.Context().Err() != nil {
-			l.put(u)
+			c.busy.Add(-1)
 			return nil, err
 		}
 	}
 }
 
-// get takes an idle connection, or a new one not yet dialed; nil when the
-// client connection has maxH1Upstreams in use or is gone.
-func (l *h1Pool) get() *h1Upstream {
+// get takes the most recently used idle connection for key, or nil.
+func (l *h1Pool) get(key string) *h1Upstream {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case l.closed:
+	idle := l.idle[key]
+	if len(idle) == 0 {
 		return nil
-	case len(l.idle) > 0:
-		u := l.idle[len(l.idle)-1]
-		l.idle = l.idle[:len(l.idle)-1]
-		return u
-	case l.open < maxH1Upstreams:
-		l.open++
-		return &h1Upstream{pool: l}
 	}
-	return nil
+	u := idle[len(idle)-1]
+	idle[len(idle)-1] = nil
+	if len(idle) == 1 {
+		delete(l.idle, key)
+	} else {
+		l.idle[key] = idle[:len(idle)-1]
+	}
+	return u
 }
 
-// put gives u back after a request: kept for the next while its
-// connection is open and the client's is not gone.
+// put keeps u for the next request to its upstream, or closes it when
+// enough are idle already or the proxy is closing.
 func (l *h1Pool) put(u *h1Upstream) {
+	u.since = time.Now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if u.conn == nil || l.closed {
-		u.close()
-		l.open--
-		return
+	if l.idle != nil && len(l.idle[u.key]) < maxH1Idle && l.p.ctx.Err() == nil {
+		l.idle[u.key] = append(l.idle[u.key], u)
+		u = nil
 	}
-	l.idle = append(l.idle, u)
+	l.mu.Unlock()
+	if u != nil {
+		u.conn.Close()
+	}
 }
 
-// close closes the idle connections, and each busy one when its request
-// is done: the client's connection is over.
-func (l *h1Pool) close() {
+// sweep closes connections idle for longer than h1IdleTimeout, or all of
+// them when all is set (the proxy is closing).
+func (l *h1Pool) sweep(all bool) {
+	var old []*h1Upstream
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.closed = true
-	for _, u := range l.idle {
-		u.close()
+	for key, idle := range l.idle {
+		keep := idle[:0]
+		for _, u := range idle {
+			if all || time.Since(u.since) > h1IdleTimeout {
+				old = append(old, u)
+			} else {
+				keep = append(keep, u)
+			}
+		}
+		clear(idle[len(keep):])
+		if len(keep) == 0 {
+			delete(l.idle, key)
+		} else {
+			l.idle[key] = keep
+		}
 	}
-	l.idle, l.open = nil, l.open-len(l.idle)
+	l.mu.Unlock()
+	for _, u := range old {
+		u.conn.Close()
+	}
 }
 
 // exchange writes req and reads the response head, skipping informational
-// answers (103 Early Hints), within req's context.
-func (u *h1Upstream) exchange(req *http.Request) (*http.Response, error) {
+// answers (103 Early Hints), within req's context; done runs when the
+// response's body is closed.
+func (u *h1Upstream) exchange(req *http.Request, done func()) (*http.Response, error) {
 	conn := u.conn
 	stop := context.AfterFunc(req.Context(), func() { conn.SetDeadline(time.Unix(1, 0)) })
 	if err := req.Write(u.bw); err != nil {
@@ -152,51 +189,43 @@ func (u *h1Upstream) exchange(req *http.Request) (*http.Response, error) {
 			}
 			continue
 		}
-		resp.Body = &h1Body{u: u, rc: resp.Body, eof: resp.Body == http.NoBody, keep: !resp.Close, stop: stop}
+		resp.Body = &h1Body{u: u, rc: resp.Body, eof: resp.Body == http.NoBody, keep: !resp.Close, stop: stop, done: done}
 		return resp, nil
 	}
 }
 
 // dial opens a connection to addr through the SSRF guard and, for https,
 // verifies the upstream's certificate for host, as the Transport does.
-func (u *h1Upstream) dial(ctx context.Context, addr, host string) error {
-	c, err := u.pool.p.dialUpstream(ctx, "tcp", addr)
+func (l *h1Pool) dial(ctx context.Context, key, scheme, addr, host string) (*h1Upstream, error) {
+	c, err := l.p.dialUpstream(ctx, "tcp", addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if u.pool.scheme == "https" {
-		tc := tls.Client(c, &tls.Config{RootCAs: u.pool.p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12,
+	if scheme == "https" {
+		tc := tls.Client(c, &tls.Config{RootCAs: l.p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12,
 			ServerName: host, NextProtos: []string{"http/1.1"}})
-		hctx, cancel := context.WithTimeout(ctx, u.pool.p.cfg.ConnectTimeout)
+		hctx, cancel := context.WithTimeout(ctx, l.p.cfg.ConnectTimeout)
 		err := tc.HandshakeContext(hctx)
 		cancel()
 		if err != nil {
 			c.Close()
-			return err
+			return nil, err
 		}
 		c = tc
 	}
-	u.conn, u.br, u.bw = c, bufio.NewReader(c), bufio.NewWriter(c)
-	return nil
-}
-
-// close closes the connection, if one is open.
-func (u *h1Upstream) close() {
-	if u.conn != nil {
-		u.conn.Close()
-		u.conn = nil
-	}
+	return &h1Upstream{pool: l, key: key, conn: c, br: bufio.NewReader(c), bw: bufio.NewWriter(c)}, nil
 }
 
 // h1Body is a response body on an h1Upstream's connection: the connection
-// is kept for the next request only when the body was read to its end and
-// the upstream did not ask to close.
+// goes back to the pool only when the body was read to its end and the
+// upstream did not ask to close.
 type h1Body struct {
 	u    *h1Upstream
 	rc   io.ReadCloser
 	eof  bool
 	keep bool
 	stop func() bool
+	done func()
 }
 
 func (b *h1Body) Read(p []byte) (int, error) {
@@ -208,11 +237,13 @@ func (b *h1Body) Read(p []byte) (int, error) {
 }
 
 func (b *h1Body) Close() error {
+	defer b.done()
 	// A connection whose context ended has a deadline in the past.
-	if stopped := b.stop(); !b.eof || !b.keep || !stopped {
+	if stopped := b.stop(); !b.eof || !b.keep || !stopped || b.u.br.Buffered() > 0 {
 		// Closed first, so that closing the body does not drain the rest of
 		// a long answer.
-		b.u.close()
+		b.u.conn.Close()
+		return b.rc.Close()
 	}
 	err := b.rc.Close()
 	b.u.pool.put(b.u)

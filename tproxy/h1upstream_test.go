@@ -15,11 +15,11 @@ import (
 	"time"
 )
 
-// TestBumpKeepAliveUpstream checks the upstream side of an intercepted
-// HTTP/1.1 client connection: its GET and HEAD requests share one upstream
-// connection; an upstream that closes it, asks to close it, or whose
-// answer the client abandons costs a new one, and no request fails for it;
-// a POST still goes through.
+// TestBumpKeepAliveUpstream checks the upstream side of intercepted
+// HTTP/1.1: GET and HEAD requests reuse one upstream connection, across
+// client connections too; an upstream that closes it, asks to close it, or
+// whose answer the client abandons costs a new one, and no request fails
+// for it; a POST still goes through.
 func TestBumpKeepAliveUpstream(t *testing.T) {
 	up := startUpstream(t)
 	port := up.httpsPort
@@ -93,12 +93,16 @@ func TestBumpKeepAliveUpstream(t *testing.T) {
 	before := up.tlsConns.Load()
 	c, r = dial()
 	want("GET after an abandoned stream", "GET", "/v1/g", 200, "internet", before+1)
+	// Idle upstream connections belong to the proxy, not to a client
+	// connection: another client's GET takes the one /v1/g left.
+	c, r = dial()
+	want("GET from another client connection", "GET", "/v1/h", 200, "internet", before+1)
 
 	var paths []string
 	for _, s := range up.requests() {
 		paths = append(paths, strings.Fields(s)[1])
 	}
-	if got := strings.Join(paths, " "); got != "/v1/a /v1/b /v1/c /v1/d /v1/close /v1/e /v1/f /v1/stream /v1/g" {
+	if got := strings.Join(paths, " "); got != "/v1/a /v1/b /v1/c /v1/d /v1/close /v1/e /v1/f /v1/stream /v1/g /v1/h" {
 		t.Errorf("the upstream saw %s", got)
 	}
 }

@@ -154,6 +154,7 @@ type Proxy struct {
 
 	fwdOnce   sync.Once // builds transport on first interception
 	transport *http.Transport
+	h1        *h1Pool
 }
 
 type tracked struct {
@@ -188,8 +189,10 @@ func New(cfg Config) (*Proxy, error) {
 		log = slog.Default()
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Proxy{cfg: cfg, log: log.With("component", "tproxy", "sandbox", cfg.Sandbox),
-		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop, pipes: newPipePool(64)}, nil
+	p := &Proxy{cfg: cfg, log: log.With("component", "tproxy", "sandbox", cfg.Sandbox),
+		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop, pipes: newPipePool(64)}
+	p.h1 = &h1Pool{p: p, idle: map[string][]*h1Upstream{}}
+	return p, nil
 }
 
 // Start binds the listen address and serves until Close.
@@ -236,6 +239,7 @@ func (p *Proxy) Close() error {
 		if p.transport != nil {
 			p.transport.CloseIdleConnections()
 		}
+		p.h1.sweep(true)
 		p.pipes.close()
 	})
 	return err
@@ -780,6 +784,7 @@ func (p *Proxy) janitor() {
 			return
 		case <-t.C:
 		}
+		p.h1.sweep(false)
 		// The pairs are copied under the lock and their sockets asked
 		// after it, so accepting and ending connections never wait on
 		// those system calls. Closing one that ended meanwhile is harmless.
