@@ -4,48 +4,89 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
-	"net/netip"
 
 	"github.com/miekg/dns"
+	"golang.org/x/net/ipv4"
 )
 
 // udpReadSize is the largest query read; a longer one is cut there and
 // fails to parse, as with miekg/dns's server at the gate's UDPSize.
 const udpReadSize = 1232
 
+// udpBatch is the most datagrams a reader takes from the socket in one
+// recvmmsg, and the most replies it sends in one sendmmsg.
+const udpBatch = 32
+
+// udpReplySize is the size of the buffers replies in a batch are packed
+// into. The replies answered at once (fake IPs, NXDOMAIN, no data, FORMERR
+// and NOTIMP) are far smaller; a larger one gets a buffer of its own.
+const udpReplySize = 512
+
 // serveUDP answers the queries that arrive on pc until pc is closed, with
 // one goroutine reading, answering and writing in turn. miekg/dns's server
 // starts a goroutine per datagram, whose stack grows on every query and
 // costs more than most answers; here only queries that may wait on the
 // upstream (anything but A, AAAA, HTTPS and SVCB) get a goroutine of their
-// own. Which datagrams get a reply follows that server exactly: see
-// replyTo. Start runs several of these on one socket.
+// own, and write their reply alone. The others are read in batches of
+// whatever is queued on the socket, up to udpBatch, without waiting for
+// more, and their replies leave together once the batch is answered: one
+// recvmmsg and one sendmmsg for many queries instead of a recvmsg and a
+// sendmsg each. Which datagrams get a reply follows miekg/dns's server
+// exactly: see replyTo. Start runs several of these on one socket.
 func (g *Gate) serveUDP(pc *net.UDPConn) {
-	buf := make([]byte, udpReadSize)
+	bc := ipv4.NewPacketConn(pc)
+	in := make([]ipv4.Message, udpBatch)
+	bufs := make([]byte, udpBatch*udpReadSize)
+	for i := range in {
+		in[i].Buffers = [][]byte{bufs[i*udpReadSize : (i+1)*udpReadSize : (i+1)*udpReadSize]}
+	}
+	out := &udpReplies{pc: pc, bc: bc, msgs: make([]ipv4.Message, 0, udpBatch)}
+	for i := range out.bufs {
+		out.bufs[i] = make([]byte, udpReplySize)
+	}
 	for {
-		n, from, err := pc.ReadFromUDPAddrPort(buf)
+		// The socket does not block (the runtime's poller waits for it), so
+		// recvmmsg returns as soon as it has taken what is queued: a lone
+		// query is answered at once.
+		n, err := bc.ReadBatch(in, 0)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
 			continue
 		}
-		req := replyTo(pc, buf[:n], from)
-		if req == nil {
-			continue
-		}
-		w := &udpWriter{pc: pc, to: from}
-		if len(req.Question) == 1 {
-			switch req.Question[0].Qtype {
-			case dns.TypeA, dns.TypeAAAA, dns.TypeHTTPS, dns.TypeSVCB:
-			default:
-				g.wg.Go(func() { g.ServeDNS(w, req) })
+		for i := range in[:n] {
+			m := &in[i]
+			// Each datagram's sender comes with it, in an address of its
+			// own that the next read does not reuse; without one there is
+			// nobody to answer.
+			from, ok := m.Addr.(*net.UDPAddr)
+			m.Addr = nil
+			if !ok || from == nil {
 				continue
 			}
+			out.to = from
+			req := replyTo(out, m.Buffers[0][:min(m.N, udpReadSize)])
+			if req == nil {
+				continue
+			}
+			if len(req.Question) == 1 {
+				switch req.Question[0].Qtype {
+				case dns.TypeA, dns.TypeAAAA, dns.TypeHTTPS, dns.TypeSVCB:
+				default:
+					w := &udpWriter{pc: pc, to: from}
+					g.wg.Go(func() { g.ServeDNS(w, req) })
+					continue
+				}
+			}
+			// Answered here and now (a query whose question count lied too:
+			// it gets FORMERR).
+			g.ServeDNS(out, req)
 		}
-		// Answered here and now (a query whose question count lied too:
-		// it gets FORMERR).
-		g.ServeDNS(w, req)
+		out.to = nil
+		if err := out.flush(); err != nil {
+			g.log.Debug("write dns reply", "err", err)
+		}
 	}
 }
 
@@ -55,7 +96,8 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 // one that is not one question with at most one answer, one authority and
 // two additional records, or that fails to parse, and NOTIMP for an opcode
 // other than QUERY and NOTIFY (miekg/dns's DefaultMsgAcceptFunc rules).
-func replyTo(pc *net.UDPConn, m []byte, from netip.AddrPort) *dns.Msg {
+// FORMERR and NOTIMP are written to w.
+func replyTo(w dns.ResponseWriter, m []byte) *dns.Msg {
 	if len(m) < 12 {
 		return nil
 	}
@@ -85,18 +127,97 @@ func replyTo(pc *net.UDPConn, m []byte, from netip.AddrPort) *dns.Msg {
 		req.Opcode, req.Rcode = opcode, dns.RcodeNotImplemented
 	}
 	req.Ns, req.Answer, req.Extra = nil, nil, nil
-	(&udpWriter{pc: pc, to: from}).WriteMsg(req)
+	w.WriteMsg(req)
 	return nil
 }
 
-// udpWriter is the dns.ResponseWriter of one UDP query.
+// udpReplies is the dns.ResponseWriter of the queries of one batch that
+// are answered at once. It queues their replies, each to the sender of the
+// query being answered when it was written (to), and flush sends them.
+type udpReplies struct {
+	pc   *net.UDPConn
+	bc   *ipv4.PacketConn
+	to   *net.UDPAddr // the sender of the query being answered
+	msgs []ipv4.Message
+	bufs [udpBatch][]byte // msgs[i] is packed into bufs[i] when it fits
+}
+
+func (w *udpReplies) LocalAddr() net.Addr  { return w.pc.LocalAddr() }
+func (w *udpReplies) RemoteAddr() net.Addr { return w.to }
+
+func (w *udpReplies) WriteMsg(m *dns.Msg) error {
+	if w.to == nil {
+		return errors.New("dnsgate: reply outside a query")
+	}
+	if len(w.msgs) == cap(w.msgs) {
+		if err := w.flush(); err != nil {
+			return err
+		}
+	}
+	// Cleared first: miekg/dns has had packers that assumed a zeroed buffer.
+	buf := w.bufs[len(w.msgs)]
+	clear(buf)
+	b, err := m.PackBuffer(buf)
+	if err != nil {
+		return err
+	}
+	w.msgs = append(w.msgs, ipv4.Message{Buffers: [][]byte{b}, Addr: w.to})
+	return nil
+}
+
+func (w *udpReplies) Write(b []byte) (int, error) {
+	if w.to == nil {
+		return 0, errors.New("dnsgate: reply outside a query")
+	}
+	if len(w.msgs) == cap(w.msgs) {
+		if err := w.flush(); err != nil {
+			return 0, err
+		}
+	}
+	buf := w.bufs[len(w.msgs)]
+	if len(b) > len(buf) {
+		buf = make([]byte, len(b))
+	}
+	n := copy(buf, b)
+	w.msgs = append(w.msgs, ipv4.Message{Buffers: [][]byte{buf[:n]}, Addr: w.to})
+	return len(b), nil
+}
+
+// flush sends the queued replies and empties the queue. A reply the kernel
+// refuses is dropped, as a failed sendmsg drops it, and the rest are still
+// sent; the first such error is returned.
+func (w *udpReplies) flush() error {
+	var first error
+	for ms := w.msgs; len(ms) > 0; {
+		n, err := w.bc.WriteBatch(ms, 0)
+		if err != nil || n < 1 {
+			// sendmmsg fails only when it sent none, that is on ms[0].
+			if first == nil {
+				first = err
+			}
+			n = 1
+		}
+		ms = ms[n:]
+	}
+	clear(w.msgs)
+	w.msgs = w.msgs[:0]
+	return first
+}
+
+func (w *udpReplies) Close() error        { return nil }
+func (w *udpReplies) TsigStatus() error   { return nil }
+func (w *udpReplies) TsigTimersOnly(bool) {}
+func (w *udpReplies) Hijack()             {}
+
+// udpWriter is the dns.ResponseWriter of one UDP query answered on its
+// own: its reply is written at once.
 type udpWriter struct {
 	pc *net.UDPConn
-	to netip.AddrPort
+	to *net.UDPAddr
 }
 
 func (w *udpWriter) LocalAddr() net.Addr  { return w.pc.LocalAddr() }
-func (w *udpWriter) RemoteAddr() net.Addr { return net.UDPAddrFromAddrPort(w.to) }
+func (w *udpWriter) RemoteAddr() net.Addr { return w.to }
 
 func (w *udpWriter) WriteMsg(m *dns.Msg) error {
 	b, err := m.Pack()
@@ -107,7 +228,7 @@ func (w *udpWriter) WriteMsg(m *dns.Msg) error {
 	return err
 }
 
-func (w *udpWriter) Write(b []byte) (int, error) { return w.pc.WriteToUDPAddrPort(b, w.to) }
+func (w *udpWriter) Write(b []byte) (int, error) { return w.pc.WriteToUDP(b, w.to) }
 func (w *udpWriter) Close() error                { return nil }
 func (w *udpWriter) TsigStatus() error           { return nil }
 func (w *udpWriter) TsigTimersOnly(bool)         {}
