@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -329,32 +330,43 @@ func loadResult(tool, out string) (rps float64, failed int, ok bool) {
 // benchHey opens n connections one after another through each path with
 // hey (-c 1 -disable-keepalive: a DNS lookup, a TCP connection and a full
 // TLS handshake per request), pinned to CPU 1, and reports conns/s and
-// the p50 and p99 request latency.
+// the p50 and p99 request latency. It does so in three runs of n/3 and
+// reports the run with the median rate: this machine stalls now and then
+// for ten milliseconds or more, whatever runs, and one stall in a run
+// would otherwise be its p99.
 func benchHey(b *testing.B, label string, paths []benchPath, n int) {
+	type result struct{ rate, p50, p99 float64 }
 	for _, p := range paths {
 		b.Run(label+"/"+p.name, func(b *testing.B) {
-			argv := []string{"taskset", "-c", "1", "hey", "-n", strconv.Itoa(n), "-c", "1", "-disable-keepalive", "-t", "10", "https://allowed.test/"}
-			out, err := p.run(argv...)
-			var rate, p50, p99 float64
-			var ok200 int
-			for _, l := range strings.Split(out, "\n") {
-				l = strings.TrimSpace(l)
-				fmt.Sscanf(l, "Requests/sec: %f", &rate)
-				fmt.Sscanf(l, "50%% in %f secs", &p50)
-				fmt.Sscanf(l, "99%% in %f secs", &p99)
-				fmt.Sscanf(l, "[200] %d responses", &ok200)
+			var runs []result
+			failed := 0
+			for range 3 {
+				argv := []string{"taskset", "-c", "1", "hey", "-n", strconv.Itoa(n / 3), "-c", "1", "-disable-keepalive", "-t", "10", "https://allowed.test/"}
+				out, err := p.run(argv...)
+				var r result
+				var ok200 int
+				for _, l := range strings.Split(out, "\n") {
+					l = strings.TrimSpace(l)
+					fmt.Sscanf(l, "Requests/sec: %f", &r.rate)
+					fmt.Sscanf(l, "50%% in %f secs", &r.p50)
+					fmt.Sscanf(l, "99%% in %f secs", &r.p99)
+					fmt.Sscanf(l, "[200] %d responses", &ok200)
+				}
+				if err != nil || r.rate == 0 || r.p99 == 0 {
+					b.Fatalf("%v: %v: %q", argv, err, out)
+				}
+				failed += n/3 - ok200
+				runs = append(runs, r)
 			}
-			if err != nil || rate == 0 || p99 == 0 {
-				b.Fatalf("%v: %v: %q", argv, err, out)
-			}
-			if failed := n - ok200; failed > n/100 {
-				b.Fatalf("%d of %d requests failed: %q", failed, n, out)
+			if failed > n/100 {
+				b.Fatalf("%d of %d requests failed", failed, n)
 			} else if failed > 0 {
 				b.ReportMetric(float64(failed), "failed")
 			}
-			b.ReportMetric(rate, "conns/s")
-			b.ReportMetric(p50*1000, "p50-ms")
-			b.ReportMetric(p99*1000, "p99-ms")
+			slices.SortFunc(runs, func(x, y result) int { return cmp.Compare(x.rate, y.rate) })
+			b.ReportMetric(runs[1].rate, "conns/s")
+			b.ReportMetric(runs[1].p50*1000, "p50-ms")
+			b.ReportMetric(runs[1].p99*1000, "p99-ms")
 		})
 	}
 }
@@ -439,9 +451,9 @@ backend b
 	const size = 1 << 30
 	benchDownload(b, "download-1GiB", paths, scale(size, size/8), 1)
 	benchDownload(b, "download-8x128MiB", paths, scale(size, size/8), 8)
-	benchHey(b, "connect", paths, scale(2000, 500))
+	benchHey(b, "connect", paths, scale(3000, 600))
 	benchApprovals(b, w, paths[2], scale(200, 50))
-	benchRuleScale(b, w, d, paths[2], scale(2000, 500))
+	benchRuleScale(b, w, d, paths[2], scale(3000, 600))
 }
 
 // benchApprovals has a member fetch n unknown names one after another; the
