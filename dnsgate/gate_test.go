@@ -52,6 +52,13 @@ func (w tlogWriter) Write(p []byte) (int, error) {
 // (patterns; "deny " prefix for the denylist) and unknown_action ask.
 func newWorld(t *testing.T, guard GuardConfig, rules ...string) *world {
 	t.Helper()
+	return newWorldWith(t, guard, nil, rules...)
+}
+
+// newWorldWith is newWorld with tune applied to the gate's config before
+// the gate starts.
+func newWorldWith(t *testing.T, guard GuardConfig, tune func(*Config), rules ...string) *world {
+	t.Helper()
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
 	up := &dnsgatetest.Server{
 		A:   map[string]string{"allowed.test": "203.0.113.10", "api.example.com": "203.0.113.11"},
@@ -83,7 +90,7 @@ func newWorld(t *testing.T, guard GuardConfig, rules ...string) *world {
 		t.Fatal(err)
 	}
 	w := &world{upstream: up, pool: pool}
-	gate, err := New(Config{
+	cfg := Config{
 		Sandbox:  "test",
 		Listen:   netip.MustParseAddrPort("127.0.0.1:0"),
 		Policy:   policy.NewRuleset(policy.ActionAsk, rs),
@@ -98,7 +105,11 @@ func newWorld(t *testing.T, guard GuardConfig, rules ...string) *world {
 		},
 		OnEvent: func(e Event) { w.mu.Lock(); w.events = append(w.events, e); w.mu.Unlock() },
 		Logger:  testLogger(t),
-	})
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	gate, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,8 +358,7 @@ func TestGateMalformedPackets(t *testing.T) {
 }
 
 func TestGateRefusesOutsiders(t *testing.T) {
-	w := newWorld(t, GuardConfig{}, "allowed.test")
-	w.gate.cfg.Clients = netip.MustParsePrefix("10.88.0.0/24")
+	w := newWorldWith(t, GuardConfig{}, func(c *Config) { c.Clients = netip.MustParsePrefix("10.88.0.0/24") }, "allowed.test")
 	r := w.query(t, "udp", "allowed.test.", dns.TypeA)
 	if r.Rcode != dns.RcodeRefused {
 		t.Errorf("query from outside the sandbox subnet: rcode %s, want REFUSED", dns.RcodeToString[r.Rcode])
