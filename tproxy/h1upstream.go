@@ -79,7 +79,10 @@ func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	l := c.pool
 	key := c.scheme + "://" + req.URL.Host
 	for attempt := 0; ; attempt++ {
-		u := l.get(key)
+		var u *h1Upstream
+		if attempt == 0 {
+			u = l.get(key)
+		}
 		reused := u != nil
 		if !reused {
 			var err error
@@ -94,7 +97,7 @@ func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		u.conn.Close()
 		// A kept-alive connection the upstream has closed fails before any
-		// of its answer arrives: once, on a fresh one.
+		// of its answer arrives: once more, on a connection dialled for it.
 		if !reused || attempt > 0 || req.Context().Err() != nil {
 			c.busy.Add(-1)
 			return nil, err
