@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,36 +44,82 @@ func addU32(a netip.Addr, n uint32) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
-// AcquireLease takes the first free address of the network's run range and
-// records source for it in dir (created 0755 when missing).
+// AcquireLease takes a free address of the network's run range and records
+// source for it in dir (created 0755 when missing). Addresses are handed
+// out in turn, from the one after the address last handed out, not the
+// lowest free one: an address a member has just left stays unused as long
+// as others are free. The kernel keeps a gone member's connections for a
+// while (in TIME-WAIT, or in LAST-ACK toward a namespace that no longer
+// answers); a new member on the same address would reuse their ports and
+// wait on them, and a late packet of theirs could pass for the new one's.
 func AcquireLease(dir string, n Network, source string) (*Lease, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("lease directory: %w", err)
 	}
-	first, last := n.RunRange()
-	for a := first; a.Compare(last) <= 0; a = a.Next() {
-		f, err := os.OpenFile(filepath.Join(dir, a.String()), os.O_RDWR|os.O_CREATE, 0o644)
-		if err != nil {
-			return nil, fmt.Errorf("lease %s: %w", a, err)
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-			if errors.Is(err, unix.EWOULDBLOCK) {
-				continue // held by a live member
-			}
-			return nil, fmt.Errorf("lock lease %s: %w", a, err)
-		}
-		info, _ := json.Marshal(leaseInfo{Source: source, PID: os.Getpid()})
-		if err := f.Truncate(0); err == nil {
-			_, err = f.WriteAt(info, 0)
-		}
-		if err != nil {
-			f.Close()
-			return nil, fmt.Errorf("write lease %s: %w", a, err)
-		}
-		return &Lease{Addr: a, f: f}, nil
+	// The turn is kept in a file of its own, locked while a lease is taken,
+	// so that members starting at once take turns too.
+	turn, err := os.OpenFile(filepath.Join(dir, leaseTurnFile), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lease turn: %w", err)
 	}
-	return nil, fmt.Errorf("sandbox network %s has no free member address (%s to %s are all in use)", n.Subnet, first, last)
+	defer turn.Close()
+	if err := unix.Flock(int(turn.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("lock lease turn: %w", err)
+	}
+	first, last := n.RunRange()
+	start := first
+	if b, err := io.ReadAll(turn); err == nil {
+		if a, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && a.Compare(first) >= 0 && a.Compare(last) <= 0 {
+			start = a
+		}
+	}
+	a := start
+	for {
+		l, err := tryLease(dir, a, source)
+		if err != nil {
+			return nil, err
+		}
+		next := a.Next()
+		if next.Compare(last) > 0 {
+			next = first
+		}
+		if l != nil {
+			turn.Truncate(0)
+			turn.WriteAt([]byte(next.String()+"\n"), 0)
+			return l, nil
+		}
+		if a = next; a == start {
+			return nil, fmt.Errorf("sandbox network %s has no free member address (%s to %s are all in use)", n.Subnet, first, last)
+		}
+	}
+}
+
+// leaseTurnFile holds the address the next lease starts looking at.
+const leaseTurnFile = "next"
+
+// tryLease takes address a for source, or returns nil when a live member
+// holds it.
+func tryLease(dir string, a netip.Addr, source string) (*Lease, error) {
+	f, err := os.OpenFile(filepath.Join(dir, a.String()), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("lease %s: %w", a, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, nil // held by a live member
+		}
+		return nil, fmt.Errorf("lock lease %s: %w", a, err)
+	}
+	info, _ := json.Marshal(leaseInfo{Source: source, PID: os.Getpid()})
+	if err := f.Truncate(0); err == nil {
+		_, err = f.WriteAt(info, 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("write lease %s: %w", a, err)
+	}
+	return &Lease{Addr: a, f: f}, nil
 }
 
 // Release frees the address. It is idempotent.

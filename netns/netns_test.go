@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -81,6 +82,41 @@ func TestLeases(t *testing.T) {
 	}
 	a.Release()
 	c.Release()
+}
+
+// TestLeasesTakeTurns checks that a member that leaves does not hand its
+// address to the next member while others are free, and that the turn
+// wraps around the run range.
+func TestLeasesTakeTurns(t *testing.T) {
+	dir := t.TempDir()
+	n, _ := NewNetwork("sb", netip.MustParsePrefix("10.88.0.0/28")) // run range .2-.7
+	var got []string
+	for i := range 8 {
+		l, err := AcquireLease(dir, n, fmt.Sprint("member", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l.Addr.String())
+		l.Release()
+	}
+	if want := "10.88.0.2 10.88.0.3 10.88.0.4 10.88.0.5 10.88.0.6 10.88.0.7 10.88.0.2 10.88.0.3"; strings.Join(got, " ") != want {
+		t.Errorf("one member after another got %s, want %s", strings.Join(got, " "), want)
+	}
+	// A held address is skipped and the turn goes on after it.
+	held, _ := AcquireLease(dir, n, "held") // .4
+	next, err := AcquireLease(dir, n, "next")
+	if err != nil || held.Addr.String() != "10.88.0.4" || next.Addr.String() != "10.88.0.5" {
+		t.Errorf("held %v, next %v %v", held.Addr, next.Addr, err)
+	}
+	held.Release()
+	next.Release()
+	// A turn file that names no address of the range starts at the first.
+	os.WriteFile(filepath.Join(dir, leaseTurnFile), []byte("garbage"), 0o644)
+	if l, err := AcquireLease(dir, n, "after garbage"); err != nil || l.Addr.String() != "10.88.0.2" {
+		t.Errorf("after a broken turn file: %v %v", l, err)
+	} else {
+		l.Release()
+	}
 }
 
 func TestLocalAddrs(t *testing.T) {
