@@ -52,15 +52,19 @@ type RequestRecord struct {
 // forwarded upstream by that name.
 func (p *Proxy) bump(c *conn, host string, port uint16, approved bool) {
 	var client net.Conn = &prefixConn{TCPConn: c.client, r: io.MultiReader(bytes.NewReader(c.peeked), c.client)}
+	hello := c.hello
+	// The reader above has the bytes; a connection held open for hours
+	// keeps nothing else of them.
+	c.peeked, c.hello, c.head = nil, nil, nil
 	scheme, proto := "http", "http/1.1"
-	if c.hello != nil {
+	if hello != nil {
 		if p.cfg.CA == nil {
 			p.reset(c, "interception needed but this sandbox has no CA")
 			return
 		}
 		scheme = "https"
 		var alpn []string
-		for _, a := range c.hello.ALPN {
+		for _, a := range hello.ALPN {
 			if a == "h2" || a == "http/1.1" {
 				alpn = append(alpn, a)
 			}

@@ -652,6 +652,8 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 		}
 		c.rec.Up = int64(len(c.peeked))
 	}
+	// Forwarded: a connection held open for hours keeps none of it.
+	c.peeked, c.hello, c.head = nil, nil, nil
 	n, upErr := p.pipes.copy(up, c.client)
 	c.rec.Up += n
 	if upErr != nil {
