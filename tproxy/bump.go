@@ -272,6 +272,15 @@ func (p *Proxy) h1Pool() *h1Pool {
 	return p.h1
 }
 
+// copyBuffers lends the ReverseProxy the buffers it copies response bodies
+// with; without it each response allocates 32 KiB.
+var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+
+type bufferPool struct{ pool sync.Pool }
+
+func (p *bufferPool) Get() []byte  { return *p.pool.Get().(*[]byte) }
+func (p *bufferPool) Put(b []byte) { p.pool.Put(&b) }
+
 // reverseProxy forwards requests over tr to the connection's host and
 // port (targetKey), answering 403 for what the SSRF guard refuses and 502
 // for any other upstream failure.
@@ -282,7 +291,8 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
 			pr.Out.Host = pr.In.Host // checked to name the connection's host
 		},
-		Transport: tr,
+		Transport:  tr,
+		BufferPool: copyBuffers,
 		// Event streams and bodies of unknown length (SSE, LLM token
 		// streams) are flushed at every write whatever this says; a body of
 		// known length goes out as the server's buffer fills, not in a
