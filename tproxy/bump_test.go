@@ -88,6 +88,19 @@ func TestBumpHeldRequestAllowPatternPersist(t *testing.T) {
 	}
 }
 
+// newAPIHarness starts an upstream and a proxy that intercepts
+// api.allowed.test (its rules look at paths under /v1/), and returns the
+// sandbox CA as the roots clients trust.
+func newAPIHarness(t *testing.T) (*upstream, *harness, *x509.CertPool) {
+	t.Helper()
+	up := startUpstream(t)
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), up.httpsPort),
+		rules(up.httpsPort, fmt.Sprintf("api.allowed.test:%d/v1/*", up.httpsPort)))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	return up, h, roots
+}
+
 func TestBumpSanitizedHeaders(t *testing.T) {
 	hdr := http.Header{"Authorization": {"Bearer sk-secret"}, "X-Api-Key": {"k"}, "Cookie": {"a=b"},
 		"X-Goog-Api-Key": {"g"}, "Anthropic-Version": {"2023-06-01"}, "Accept": {"*/*"}}
@@ -121,12 +134,8 @@ func TestBumpForwardsToTheDecidedPort(t *testing.T) {
 }
 
 func TestBumpWebSocketPassesAfterItsRequestIsChecked(t *testing.T) {
-	up := startUpstream(t)
+	up, h, roots := newAPIHarness(t)
 	port := up.httpsPort
-	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
-		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(ca.CertPEM())
 	dial := func(path string) (string, *tls.Conn, *bufio.Reader) {
 		c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
 		if err != nil {

@@ -4,12 +4,10 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -21,12 +19,8 @@ import (
 // whose answer the client abandons costs a new one, and no request fails
 // for it; a POST still goes through.
 func TestBumpKeepAliveUpstream(t *testing.T) {
-	up := startUpstream(t)
+	up, h, roots := newAPIHarness(t)
 	port := up.httpsPort
-	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
-		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(ca.CertPEM())
 	dial := func() (*tls.Conn, *bufio.Reader) {
 		c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
 		if err != nil {
@@ -111,12 +105,8 @@ func TestBumpKeepAliveUpstream(t *testing.T) {
 // a body of unknown length (an LLM's token stream) reach the client as the
 // upstream sends them, over HTTP/1.1 and HTTP/2.
 func TestBumpStreamsArriveAtOnce(t *testing.T) {
-	up := startUpstream(t)
+	up, h, roots := newAPIHarness(t)
 	port := up.httpsPort
-	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
-		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(ca.CertPEM())
 	for _, proto := range []string{"http/1.1", "h2"} {
 		tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: roots, NextProtos: []string{proto}},
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
