@@ -121,7 +121,8 @@ func TestRunExitCodeAndCleanup(t *testing.T) {
 		t.Errorf("airlock run after its command was killed: %v, want exit 137", err)
 	}
 	waitFor(t, func() bool { return vethCount() == 0 })
-	if leases, _ := filepath.Glob(filepath.Join(w.Dir, "run", "leases", sbA, "*")); len(leases) != 0 {
+	// Leases are named by address (the file "next" holds whose turn it is).
+	if leases, _ := filepath.Glob(filepath.Join(w.Dir, "run", "leases", sbA, "*.*.*.*")); len(leases) != 0 {
 		t.Errorf("leases left: %v", leases)
 	}
 
