@@ -294,9 +294,8 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 		Transport:  tr,
 		BufferPool: copyBuffers,
 		// Event streams and bodies of unknown length (SSE, LLM token
-		// streams) are flushed at every write whatever this says; a body of
-		// known length goes out as the server's buffer fills, not in a
-		// write (and a TLS record) of its own per read.
+		// streams) are flushed at every write whatever this says; the
+		// rest is flushed by recordingWriter after each large write.
 		FlushInterval: 0,
 		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -419,8 +418,19 @@ func (w *recordingWriter) Write(b []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(b)
 	w.n += int64(n)
+	if len(b) >= bigWrite && err == nil {
+		// Out at once, in TLS records of full size: a large piece left
+		// in the server's small buffers would go out in pieces of that
+		// size. A small answer waits for the end of the request, to leave
+		// with its head in one write.
+		w.Flush()
+	}
 	return n, err
 }
+
+// bigWrite is the size from which a write of a response body is flushed
+// at once: the size of the HTTP server's buffers.
+const bigWrite = 4 << 10
 
 func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
