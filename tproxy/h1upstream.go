@@ -5,16 +5,21 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // h1Pool holds the proxy's HTTP/1.1 connections to upstreams for
-// intercepted GET and HEAD requests, idle ones by scheme, host and port:
+// intercepted GET and HEAD requests, idle ones by scheme, host, port and
+// member:
 // each request is written and its response read in the handler's
 // goroutine, as the client's connection itself works. The shared Transport
 // hands each request to a writing and a reading goroutine of its own, and
@@ -42,7 +47,8 @@ const (
 	// maxH1PerClient bounds the pool's connections one client connection
 	// uses at once (an HTTP/2 client may send many requests at once).
 	maxH1PerClient = 4
-	// maxH1Idle bounds the idle connections kept per scheme, host and port.
+	// maxH1Idle bounds the idle connections kept per scheme, host, port
+	// and member.
 	maxH1Idle = 64
 	// h1IdleTimeout closes connections idle for longer.
 	h1IdleTimeout = 90 * time.Second
@@ -51,11 +57,64 @@ const (
 // h1Upstream is one of an h1Pool's connections.
 type h1Upstream struct {
 	pool  *h1Pool
-	key   string // scheme://host:port
+	key   string // scheme://host:port member
 	conn  net.Conn
+	raw   syscall.RawConn // the TCP socket under conn, to look for bytes nobody asked for
+	head  *headLimit      // under br: bounds what a response head may read
 	br    *bufio.Reader
 	bw    *bufio.Writer
 	since time.Time // idle since
+}
+
+// maxResponseHead bounds the bytes of a response's head (with any
+// informational heads before it), as the Transport's
+// MaxResponseHeaderBytes does; max1xx bounds the informational heads.
+const (
+	maxResponseHead = 10 << 20
+	max1xx          = 5
+)
+
+// headLimit is the reader under an h1Upstream's bufio.Reader: while left
+// is set, reads stop with an error once it is spent.
+type headLimit struct {
+	r    io.Reader
+	on   bool
+	left int64
+}
+
+var errHeadTooLarge = errors.New("the upstream's response head is larger than 10 MiB")
+
+func (l *headLimit) Read(p []byte) (int, error) {
+	if !l.on {
+		return l.r.Read(p)
+	}
+	if l.left <= 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+// quiet reports whether the upstream has sent nothing since the last
+// response and still has the connection open: an idle connection with
+// bytes on it (an answer nobody asked for, a 408 before closing, the body
+// of a HEAD answered as a GET) would hand them to the next request.
+func (u *h1Upstream) quiet() bool {
+	if u.br.Buffered() > 0 {
+		return false
+	}
+	quiet := false
+	var b [1]byte
+	err := u.raw.Read(func(fd uintptr) bool {
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		quiet = n <= 0 && err == unix.EAGAIN
+		return true
+	})
+	return err == nil && quiet
 }
 
 // h1Client is one client connection's use of the pool: a RoundTripper for
@@ -77,7 +136,11 @@ func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
 		return c.pool.shared.RoundTrip(req)
 	}
 	l := c.pool
-	key := c.scheme + "://" + req.URL.Host
+	// Connections are kept per member too: whatever an upstream leaves on
+	// one can reach no other member, and the SSRF guard's per-member
+	// cidr: rules hold for the connections they let through.
+	source, _ := req.Context().Value(sourceKey{}).(string)
+	key := c.scheme + "://" + req.URL.Host + " " + source
 	for attempt := 0; ; attempt++ {
 		var u *h1Upstream
 		if attempt == 0 {
@@ -105,22 +168,29 @@ func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// get takes the most recently used idle connection for key, or nil.
+// get takes the most recently used idle connection for key on which the
+// upstream has been quiet, or nil; the others are closed.
 func (l *h1Pool) get(key string) *h1Upstream {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	idle := l.idle[key]
-	if len(idle) == 0 {
-		return nil
+	for {
+		l.mu.Lock()
+		idle := l.idle[key]
+		if len(idle) == 0 {
+			l.mu.Unlock()
+			return nil
+		}
+		u := idle[len(idle)-1]
+		idle[len(idle)-1] = nil
+		if len(idle) == 1 {
+			delete(l.idle, key)
+		} else {
+			l.idle[key] = idle[:len(idle)-1]
+		}
+		l.mu.Unlock()
+		if u.quiet() {
+			return u
+		}
+		u.conn.Close()
 	}
-	u := idle[len(idle)-1]
-	idle[len(idle)-1] = nil
-	if len(idle) == 1 {
-		delete(l.idle, key)
-	} else {
-		l.idle[key] = idle[:len(idle)-1]
-	}
-	return u
 }
 
 // put keeps u for the next request to its upstream, or closes it when
@@ -179,7 +249,8 @@ func (u *h1Upstream) exchange(req *http.Request, done func()) (*http.Response, e
 		stop()
 		return nil, err
 	}
-	for {
+	u.head.on, u.head.left = true, maxResponseHead
+	for informational := 0; ; informational++ {
 		resp, err := http.ReadResponse(u.br, req)
 		if err != nil {
 			stop()
@@ -190,9 +261,18 @@ func (u *h1Upstream) exchange(req *http.Request, done func()) (*http.Response, e
 				stop()
 				return nil, errors.New("the upstream switched protocols without being asked")
 			}
+			if informational == max1xx {
+				stop()
+				return nil, fmt.Errorf("the upstream sent more than %d informational responses", max1xx)
+			}
 			continue
 		}
-		resp.Body = &h1Body{u: u, rc: resp.Body, eof: resp.Body == http.NoBody, keep: !resp.Close, stop: stop, done: done}
+		u.head.on = false
+		// An answer with no body by rule (to HEAD, 204, 304) is where an
+		// upstream that sends one anyway leaves it on the connection: such
+		// a connection is not kept.
+		bodiless := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
+		resp.Body = &h1Body{u: u, rc: resp.Body, eof: resp.Body == http.NoBody, keep: !resp.Close && !bodiless, stop: stop, done: done}
 		return resp, nil
 	}
 }
@@ -202,6 +282,11 @@ func (u *h1Upstream) exchange(req *http.Request, done func()) (*http.Response, e
 func (l *h1Pool) dial(ctx context.Context, key, scheme, addr, host string) (*h1Upstream, error) {
 	c, err := l.p.dialUpstream(ctx, "tcp", addr)
 	if err != nil {
+		return nil, err
+	}
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		c.Close()
 		return nil, err
 	}
 	if scheme == "https" {
@@ -216,7 +301,8 @@ func (l *h1Pool) dial(ctx context.Context, key, scheme, addr, host string) (*h1U
 		}
 		c = tc
 	}
-	return &h1Upstream{pool: l, key: key, conn: c, br: bufio.NewReader(c), bw: bufio.NewWriter(c)}, nil
+	head := &headLimit{r: c}
+	return &h1Upstream{pool: l, key: key, conn: c, raw: raw, head: head, br: bufio.NewReader(head), bw: bufio.NewWriter(c)}, nil
 }
 
 // h1Body is a response body on an h1Upstream's connection: the connection

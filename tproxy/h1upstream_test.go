@@ -4,13 +4,20 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testcerts"
 )
 
 // TestBumpKeepAliveUpstream checks the upstream side of intercepted
@@ -133,6 +140,153 @@ func TestBumpStreamsArriveAtOnce(t *testing.T) {
 			}
 			cancel()
 			resp.Body.Close()
+		}
+	}
+}
+
+// laxUpstream serves HTTPS for api.allowed.test with handle writing raw
+// HTTP/1.1 answers to each request on a connection, as a lax or hostile
+// server would, and a proxy intercepting it (rules on /v1/*). It returns
+// a function that sends one request on a client connection of the proxy
+// and returns the answer's status and body.
+func laxUpstream(t *testing.T, handle func(c net.Conn, r *http.Request)) (send func(c *tls.Conn, r *bufio.Reader, method, path, header string) (int, string), dial func() (*tls.Conn, *bufio.Reader)) {
+	t.Helper()
+	caPEM, leaf, err := testcerts.New([]string{"api.allowed.test"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &upstream{caFile: filepath.Join(t.TempDir(), "ca.pem")}
+	os.WriteFile(up.caFile, caPEM, 0o644)
+	ln, err := tls.Listen("tcp4", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{leaf}, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.httpsPort = uint16(ln.Addr().(*net.TCPAddr).Port)
+	var conns sync.WaitGroup
+	// Registered before the proxy's cleanup, so it runs after it: the
+	// proxy closes its side of the connections first.
+	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					handle(c, r)
+				}
+			})
+		}
+	}()
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	dial = func() (*tls.Conn, *bufio.Reader) {
+		c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		return c, bufio.NewReader(c)
+	}
+	send = func(c *tls.Conn, r *bufio.Reader, method, path, header string) (int, string) {
+		t.Helper()
+		fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: api.allowed.test:%d\r\n%s\r\n", method, path, port, header)
+		req, _ := http.NewRequest(method, "https://api.allowed.test"+path, nil)
+		resp, err := http.ReadResponse(r, req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	return send, dial
+}
+
+// TestBumpPoolKeepsAnswersApart: an upstream that answers a HEAD with a
+// body (as one honouring X-HTTP-Method-Override: GET does) leaves bytes
+// on its connection; they must not become another request's answer, nor
+// push that request's answer onto a third.
+func TestBumpPoolKeepsAnswersApart(t *testing.T) {
+	inject := "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nINJECTED"
+	send, dial := laxUpstream(t, func(c net.Conn, r *http.Request) {
+		time.Sleep(20 * time.Millisecond)
+		switch {
+		case r.Method == "HEAD":
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(inject))
+			time.Sleep(20 * time.Millisecond)
+			io.WriteString(c, inject)
+		case r.URL.Path == "/v1/private-b":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nsecret of b")
+		default:
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfor a")
+		}
+	})
+	ca, ra := dial()
+	cb, rb := dial()
+	send(ca, ra, "HEAD", "/v1/evil", "X-HTTP-Method-Override: GET\r\n")
+	time.Sleep(100 * time.Millisecond)
+	_, b := send(cb, rb, "GET", "/v1/private-b", "Authorization: Bearer b\r\n")
+	time.Sleep(100 * time.Millisecond)
+	_, a := send(ca, ra, "GET", "/v1/a", "")
+	if b != "secret of b" || a != "for a" {
+		t.Errorf("answers mixed up: B got %q, A got %q", b, a)
+	}
+}
+
+// TestBumpPoolDropsNoisyIdleConnections: a server that sends 408 on an
+// idle kept-alive connection before closing it must not answer the next
+// request with it.
+func TestBumpPoolDropsNoisyIdleConnections(t *testing.T) {
+	send, dial := laxUpstream(t, func(c net.Conn, r *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		time.Sleep(30 * time.Millisecond)
+		io.WriteString(c, "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+	})
+	c, r := dial()
+	send(c, r, "GET", "/v1/1", "")
+	time.Sleep(150 * time.Millisecond)
+	if s, b := send(c, r, "GET", "/v1/2", ""); s != 200 || b != "ok" {
+		t.Errorf("second GET: %d %q (the idle connection's 408)", s, b)
+	}
+}
+
+// TestBumpPoolBoundsTheHead: an upstream's endless head or endless
+// informational answers end in a 502, not in airlockd's memory.
+func TestBumpPoolBoundsTheHead(t *testing.T) {
+	send, dial := laxUpstream(t, func(c net.Conn, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/big":
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Big: ")
+			chunk := []byte(strings.Repeat("a", 1<<20))
+			for range 20 {
+				if _, err := c.Write(chunk); err != nil {
+					return
+				}
+			}
+			io.WriteString(c, "\r\nContent-Length: 0\r\n\r\n")
+		case "/v1/hints":
+			for range 100 {
+				io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	for _, p := range []string{"/v1/big", "/v1/hints"} {
+		c, r := dial()
+		if s, b := send(c, r, "GET", p, ""); s != http.StatusBadGateway {
+			t.Errorf("%s: %d %.80q, want 502", p, s, b)
 		}
 	}
 }
