@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -57,20 +58,21 @@ func AcquireLease(dir string, n Network, source string) (*Lease, error) {
 		return nil, fmt.Errorf("lease directory: %w", err)
 	}
 	// The turn is kept in a file of its own, locked while a lease is taken,
-	// so that members starting at once take turns too.
-	turn, err := os.OpenFile(filepath.Join(dir, leaseTurnFile), os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("lease turn: %w", err)
-	}
-	defer turn.Close()
-	if err := unix.Flock(int(turn.Fd()), unix.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("lock lease turn: %w", err)
+	// so that members starting at once take turns too. It only chooses
+	// where to start looking: without it (unreadable, or its lock held
+	// for long by a stopped process) the search starts at the first
+	// address, and each address's own lock still keeps members apart.
+	turn := lockTurn(filepath.Join(dir, leaseTurnFile))
+	if turn != nil {
+		defer turn.Close()
 	}
 	first, last := n.RunRange()
 	start := first
-	if b, err := io.ReadAll(turn); err == nil {
-		if a, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && a.Compare(first) >= 0 && a.Compare(last) <= 0 {
-			start = a
+	if turn != nil {
+		if b, err := io.ReadAll(turn); err == nil {
+			if a, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && a.Compare(first) >= 0 && a.Compare(last) <= 0 {
+				start = a
+			}
 		}
 	}
 	a := start
@@ -84,8 +86,10 @@ func AcquireLease(dir string, n Network, source string) (*Lease, error) {
 			next = first
 		}
 		if l != nil {
-			turn.Truncate(0)
-			turn.WriteAt([]byte(next.String()+"\n"), 0)
+			if turn != nil {
+				turn.Truncate(0)
+				turn.WriteAt([]byte(next.String()+"\n"), 0)
+			}
 			return l, nil
 		}
 		if a = next; a == start {
@@ -96,6 +100,37 @@ func AcquireLease(dir string, n Network, source string) (*Lease, error) {
 
 // leaseTurnFile holds the address the next lease starts looking at.
 const leaseTurnFile = "next"
+
+// lockTurn opens and locks the turn file at path, waiting at most two
+// seconds for the lock; nil when it cannot.
+func lockTurn(path string) *os.File {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil
+	}
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return f
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil
+		}
+	}
+}
+
+// stillNamed reports whether the open file f is still the file at path: a
+// member that leaves removes its lease file before it lets go of the lock,
+// so a lock taken on a file opened just before that is a lock on a file
+// nobody else will look at again.
+func stillNamed(f *os.File, path string) bool {
+	var open, named unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &open) != nil || unix.Stat(path, &named) != nil {
+		return false
+	}
+	return open.Dev == named.Dev && open.Ino == named.Ino
+}
 
 // tryLease takes address a for source, or returns nil when a live member
 // holds it.
@@ -110,6 +145,10 @@ func tryLease(dir string, a netip.Addr, source string) (*Lease, error) {
 			return nil, nil // held by a live member
 		}
 		return nil, fmt.Errorf("lock lease %s: %w", a, err)
+	}
+	if !stillNamed(f, f.Name()) {
+		f.Close()
+		return nil, nil // just released: the next acquisition takes it
 	}
 	info, _ := json.Marshal(leaseInfo{Source: source, PID: os.Getpid()})
 	if err := f.Truncate(0); err == nil {

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestBridgeName(t *testing.T) {
@@ -82,6 +84,56 @@ func TestLeases(t *testing.T) {
 	}
 	a.Release()
 	c.Release()
+}
+
+// TestLeaseLockOnARemovedFile: a member that leaves removes its lease file,
+// then unlocks it; a process that opened the file just before and locks
+// it just after holds a file nobody looks at, so it must not take the
+// address.
+func TestLeaseLockOnARemovedFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "10.88.0.2")
+	os.WriteFile(path, nil, 0o644)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if !stillNamed(f, path) {
+		t.Fatal("an open lease file is not the file at its path")
+	}
+	os.Remove(path)
+	if stillNamed(f, path) {
+		t.Error("a removed lease file still counts")
+	}
+	os.WriteFile(path, nil, 0o644) // a new lease file of the same name
+	if stillNamed(f, path) {
+		t.Error("a removed lease file counts as its successor")
+	}
+}
+
+// TestLeasesWithoutTheTurn: a turn file that cannot be used only costs
+// the turn.
+func TestLeasesWithoutTheTurn(t *testing.T) {
+	dir := t.TempDir()
+	n, _ := NewNetwork("sb", netip.MustParsePrefix("10.88.0.0/29"))
+	os.Mkdir(filepath.Join(dir, leaseTurnFile), 0o755) // not a file
+	l, err := AcquireLease(dir, n, "a")
+	if err != nil || l.Addr.String() != "10.88.0.2" {
+		t.Fatalf("with a directory for the turn file: %v %v", l, err)
+	}
+	l.Release()
+	// A turn file whose lock a stopped process holds: the lease comes
+	// after a short wait.
+	dir = t.TempDir()
+	held, _ := os.Create(filepath.Join(dir, leaseTurnFile))
+	defer held.Close()
+	unix.Flock(int(held.Fd()), unix.LOCK_EX)
+	if l, err := AcquireLease(dir, n, "b"); err != nil {
+		t.Errorf("with the turn locked: %v", err)
+	} else {
+		l.Release()
+	}
 }
 
 // TestLeasesTakeTurns checks that a member that leaves does not hand its
