@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"time"
 
 	"github.com/miekg/dns"
 	"golang.org/x/net/ipv4"
@@ -53,6 +54,9 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			// A socket that keeps failing must not spin a core.
+			g.log.Debug("read dns queries", "err", err)
+			time.Sleep(10 * time.Millisecond)
 			continue
 		}
 		for i := range in[:n] {
