@@ -94,11 +94,33 @@ func TestBumpHeldRequestAllowPatternPersist(t *testing.T) {
 func newAPIHarness(t *testing.T) (*upstream, *harness, *x509.CertPool) {
 	t.Helper()
 	up := startUpstream(t)
+	h, roots := apiHarness(t, up)
+	return up, h, roots
+}
+
+// apiHarness is newAPIHarness on upstream up.
+func apiHarness(t *testing.T, up *upstream) (*harness, *x509.CertPool) {
+	t.Helper()
 	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), up.httpsPort),
 		rules(up.httpsPort, fmt.Sprintf("api.allowed.test:%d/v1/*", up.httpsPort)))
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.CertPEM())
-	return up, h, roots
+	return h, roots
+}
+
+// dialAPI returns a function that opens an HTTP/1.1 TLS connection to the
+// proxy for api.allowed.test, trusting roots, closed when the test ends.
+func dialAPI(t *testing.T, h *harness, roots *x509.CertPool) func() (*tls.Conn, *bufio.Reader) {
+	return func() (*tls.Conn, *bufio.Reader) {
+		t.Helper()
+		c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		return c, bufio.NewReader(c)
+	}
 }
 
 func TestBumpSanitizedHeaders(t *testing.T) {

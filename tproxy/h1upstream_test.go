@@ -4,12 +4,10 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,15 +26,7 @@ import (
 func TestBumpKeepAliveUpstream(t *testing.T) {
 	up, h, roots := newAPIHarness(t)
 	port := up.httpsPort
-	dial := func() (*tls.Conn, *bufio.Reader) {
-		c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		return c, bufio.NewReader(c)
-	}
+	dial := dialAPI(t, h, roots)
 	c, r := dial()
 	do := func(method, path string) (int, string) {
 		t.Helper()
@@ -186,19 +176,8 @@ func laxUpstream(t *testing.T, handle func(c net.Conn, r *http.Request)) (send f
 		}
 	}()
 	port := up.httpsPort
-	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
-		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(ca.CertPEM())
-	dial = func() (*tls.Conn, *bufio.Reader) {
-		c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		c.SetDeadline(time.Now().Add(20 * time.Second))
-		return c, bufio.NewReader(c)
-	}
+	h, roots := apiHarness(t, up)
+	dial = dialAPI(t, h, roots)
 	send = func(c *tls.Conn, r *bufio.Reader, method, path, header string) (int, string) {
 		t.Helper()
 		fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: api.allowed.test:%d\r\n%s\r\n", method, path, port, header)
