@@ -89,7 +89,7 @@ func (p *Proxy) bump(c *conn, host string, port uint16, approved bool) {
 	}
 	c.rec.Verdict = "allow"
 	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme, approved: approved}
-	h.fwd = p.reverseProxy(scheme, &h1Client{pool: p.h1Pool(), scheme: scheme})
+	h.fwd = p.reverseProxy(scheme, &h1Client{pool: p.h1, scheme: scheme})
 	if proto == "h2" {
 		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(client, &http2.ServeConnOpts{
 			Context: p.ctx,
@@ -251,26 +251,6 @@ type (
 	sourceKey struct{}
 	targetKey struct{}
 )
-
-// h1Pool returns the proxy's pool of HTTP/1.1 upstream connections with
-// the Transport it falls back on, built on the first interception: both
-// dial the connection's host by name through the SSRF guard and verify
-// upstream TLS against the system roots and upstream_ca_file.
-func (p *Proxy) h1Pool() *h1Pool {
-	p.fwdOnce.Do(func() {
-		p.transport = &http.Transport{
-			DialContext:           p.dialUpstream,
-			TLSClientConfig:       &tls.Config{RootCAs: p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
-			ForceAttemptHTTP2:     true,
-			MaxIdleConnsPerHost:   64,
-			IdleConnTimeout:       90 * time.Second,
-			TLSHandshakeTimeout:   p.cfg.ConnectTimeout,
-			ResponseHeaderTimeout: 0, // LLM APIs may think for minutes
-		}
-		p.h1.shared = p.transport
-	})
-	return p.h1
-}
 
 // copyBuffers lends the ReverseProxy the buffers it copies response bodies
 // with; without it each response allocates 32 KiB.

@@ -19,28 +19,51 @@ import (
 
 // h1Pool holds the proxy's HTTP/1.1 connections to upstreams for
 // intercepted GET and HEAD requests, idle ones by scheme, host, port and
-// member:
-// each request is written and its response read in the handler's
-// goroutine, as the client's connection itself works. The shared Transport
-// hands each request to a writing and a reading goroutine of its own, and
-// over HTTP/2 to one connection shared by every client: per request,
-// several goroutine switches, which bound a keep-alive client on a small
-// machine. A connection belongs to one request at a time and goes back to
+// member: each request is written and its response read in the handler's
+// goroutine, as the client's connection itself works. A Transport hands
+// each request to a writing and a reading goroutine of its own, and over
+// HTTP/2 to one connection shared by many clients: per request, several
+// goroutine switches, which bound a keep-alive client on a small machine. A connection belongs to one request at a time and goes back to
 // the pool when its response has been read to the end, so a client
 // connection that sits idle holds none.
 //
-// Requests that carry a body, upgrades and other methods take the shared
+// Requests that carry a body, upgrades and other methods take the member's
 // Transport, which handles a server that answers before it has read the
 // body and retries only what is safe to retry (gRPC, whose requests all
 // carry a body, keeps HTTP/2 upstream); so do GET and HEAD beyond
 // maxH1PerClient at once from one HTTP/2 client. A GET or HEAD is retried
 // once on a fresh connection when a kept-alive one turns out to be closed.
 type h1Pool struct {
-	p      *Proxy
-	shared *http.Transport
+	p *Proxy
 
-	mu   sync.Mutex // guards idle
-	idle map[string][]*h1Upstream
+	mu         sync.Mutex // guards idle and transports
+	idle       map[string][]*h1Upstream
+	transports map[string]*http.Transport // by member
+}
+
+// transport returns the Transport of member source, for what the pool does
+// not carry. Each member has its own, as it has its own pooled
+// connections: no request goes over a connection dialled for another
+// member (the SSRF guard decides per member). It dials the connection's
+// host by name through the SSRF guard and verifies upstream TLS against
+// the system roots and upstream_ca_file.
+func (l *h1Pool) transport(source string) *http.Transport {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.transports[source]
+	if t == nil {
+		t = &http.Transport{
+			DialContext:           l.p.dialUpstream,
+			TLSClientConfig:       &tls.Config{RootCAs: l.p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
+			ForceAttemptHTTP2:     true,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       h1IdleTimeout,
+			TLSHandshakeTimeout:   l.p.cfg.ConnectTimeout,
+			ResponseHeaderTimeout: 0, // LLM APIs may think for minutes
+		}
+		l.transports[source] = t
+	}
+	return t
 }
 
 const (
@@ -128,18 +151,18 @@ type h1Client struct {
 // RoundTrip sends req (from the ReverseProxy: its URL's host is the
 // connection's checked name and port) and reads the response head.
 func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
+	// Connections are kept per member: whatever an upstream leaves on one
+	// can reach no other member, and the SSRF guard's per-member cidr:
+	// rules hold for the connections they let through.
+	source, _ := req.Context().Value(sourceKey{}).(string)
 	if req.Method != http.MethodGet && req.Method != http.MethodHead || req.ContentLength != 0 || req.Header.Get("Upgrade") != "" {
-		return c.pool.shared.RoundTrip(req)
+		return c.pool.transport(source).RoundTrip(req)
 	}
 	if c.busy.Add(1) > maxH1PerClient {
 		c.busy.Add(-1)
-		return c.pool.shared.RoundTrip(req)
+		return c.pool.transport(source).RoundTrip(req)
 	}
 	l := c.pool
-	// Connections are kept per member too: whatever an upstream leaves on
-	// one can reach no other member, and the SSRF guard's per-member
-	// cidr: rules hold for the connections they let through.
-	source, _ := req.Context().Value(sourceKey{}).(string)
 	key := c.scheme + "://" + req.URL.Host + " " + source
 	for attempt := 0; ; attempt++ {
 		var u *h1Upstream
@@ -209,10 +232,15 @@ func (l *h1Pool) put(u *h1Upstream) {
 }
 
 // sweep closes connections idle for longer than h1IdleTimeout, or all of
-// them when all is set (the proxy is closing).
+// them, the Transports' too, when all is set (the proxy is closing).
 func (l *h1Pool) sweep(all bool) {
 	var old []*h1Upstream
 	l.mu.Lock()
+	if all {
+		for _, t := range l.transports {
+			t.CloseIdleConnections()
+		}
+	}
 	for key, idle := range l.idle {
 		keep := idle[:0]
 		for _, u := range idle {

@@ -269,3 +269,37 @@ func TestBumpPoolBoundsTheHead(t *testing.T) {
 		}
 	}
 }
+
+// TestBumpUpstreamConnectionsPerMember: no member's request goes over an
+// upstream connection dialled for another, by the pool (GET) or by the
+// Transport (POST).
+func TestBumpUpstreamConnectionsPerMember(t *testing.T) {
+	up, h, _ := newAPIHarness(t)
+	cl := &h1Client{pool: h.proxy.h1, scheme: "https"}
+	send := func(member, method string) {
+		t.Helper()
+		ctx := context.WithValue(context.Background(), sourceKey{}, member)
+		req, _ := http.NewRequestWithContext(ctx, method, fmt.Sprintf("https://api.allowed.test:%d/v1/x", up.httpsPort), strings.NewReader(map[bool]string{true: "body"}[method == "POST"]))
+		if method == "GET" {
+			req.Body, req.ContentLength = nil, 0
+		}
+		resp, err := cl.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s from %s: %v", method, member, err)
+		}
+		io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	for _, step := range []struct {
+		member, method string
+		conns          int32
+	}{
+		{"agent", "GET", 1}, {"agent-2", "GET", 2}, {"agent", "GET", 2},
+		{"agent", "POST", 3}, {"agent-2", "POST", 4}, {"agent", "POST", 4}, {"agent-2", "POST", 4},
+	} {
+		send(step.member, step.method)
+		if n := up.tlsConns.Load(); n != step.conns {
+			t.Errorf("after %s from %s: %d upstream connections, want %d", step.method, step.member, n, step.conns)
+		}
+	}
+}

@@ -152,9 +152,7 @@ type Proxy struct {
 	peekBufs sync.Pool
 	pipes    *pipePool
 
-	fwdOnce   sync.Once // builds transport on first interception
-	transport *http.Transport
-	h1        *h1Pool
+	h1 *h1Pool // interception's upstream connections
 }
 
 type tracked struct {
@@ -191,7 +189,7 @@ func New(cfg Config) (*Proxy, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	p := &Proxy{cfg: cfg, log: log.With("component", "tproxy", "sandbox", cfg.Sandbox),
 		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop, pipes: newPipePool(64)}
-	p.h1 = &h1Pool{p: p, idle: map[string][]*h1Upstream{}}
+	p.h1 = &h1Pool{p: p, idle: map[string][]*h1Upstream{}, transports: map[string]*http.Transport{}}
 	return p, nil
 }
 
@@ -236,9 +234,6 @@ func (p *Proxy) Close() error {
 		}
 		p.mu.Unlock()
 		p.wg.Wait()
-		if p.transport != nil {
-			p.transport.CloseIdleConnections()
-		}
 		p.h1.sweep(true)
 		p.pipes.close()
 	})
