@@ -72,6 +72,12 @@ func newAPI(t testing.TB, policyYAML string) *apiHarness {
 }
 
 // do sends a request with the token and returns the status and body.
+// reroute rebuilds the server's routes after a test changed its config.
+func (h *apiHarness) reroute() {
+	h.srv.e = h.srv.routes()
+	h.ts.Config.Handler = h.srv.e
+}
+
 func (h *apiHarness) do(t testing.TB, method, path, body string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, h.ts.URL+path, strings.NewReader(body))
@@ -536,8 +542,7 @@ func TestSandboxCreateDelete(t *testing.T) {
 	h := newAPI(t, "")
 	m := &fakeManager{h: h}
 	h.srv.cfg.Manager = m
-	h.srv.e = h.srv.routes()
-	h.ts.Config.Handler = h.srv.e
+	h.reroute()
 	if code, body := h.do(t, "POST", "/api/v1/sandboxes", `{"name": "new", "subnet": "10.88.9.0/24"}`); code != 201 || len(m.created) != 1 {
 		t.Errorf("create: %d %s", code, body)
 	}
@@ -559,8 +564,7 @@ func TestReload(t *testing.T) {
 	h := newAPI(t, "")
 	m := &fakeManager{h: h}
 	h.srv.cfg.Manager = m
-	h.srv.e = h.srv.routes()
-	h.ts.Config.Handler = h.srv.e
+	h.reroute()
 	code, body := h.do(t, "POST", "/api/v1/reload", "")
 	if code != 200 || m.reloads != 1 {
 		t.Fatalf("reload: %d %s (%d reloads)", code, body, m.reloads)
@@ -664,8 +668,7 @@ func TestContainersThroughTheAPI(t *testing.T) {
 	}
 	f := &fakeContainers{}
 	h.srv.cfg.Containers = f
-	h.srv.e = h.srv.routes()
-	h.ts.Config.Handler = h.srv.e
+	h.reroute()
 	for _, bad := range []string{`{}`, `{"image": "x", "privileged": true}`, `{"image": "x", "kind": "root"}`, `not json`} {
 		if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/containers", bad); code != 400 {
 			t.Errorf("start %s: %d %s, want 400", bad, code, body)
