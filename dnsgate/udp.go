@@ -150,41 +150,49 @@ func (w *udpReplies) LocalAddr() net.Addr  { return w.pc.LocalAddr() }
 func (w *udpReplies) RemoteAddr() net.Addr { return w.to }
 
 func (w *udpReplies) WriteMsg(m *dns.Msg) error {
-	if w.to == nil {
-		return errors.New("dnsgate: reply outside a query")
-	}
-	if len(w.msgs) == cap(w.msgs) {
-		if err := w.flush(); err != nil {
-			return err
-		}
+	buf, err := w.slot()
+	if err != nil {
+		return err
 	}
 	// Cleared first: miekg/dns has had packers that assumed a zeroed buffer.
-	buf := w.bufs[len(w.msgs)]
 	clear(buf)
 	b, err := m.PackBuffer(buf)
 	if err != nil {
 		return err
 	}
-	w.msgs = append(w.msgs, ipv4.Message{Buffers: [][]byte{b}, Addr: w.to})
+	w.queue(b)
 	return nil
 }
 
 func (w *udpReplies) Write(b []byte) (int, error) {
-	if w.to == nil {
-		return 0, errors.New("dnsgate: reply outside a query")
+	buf, err := w.slot()
+	if err != nil {
+		return 0, err
 	}
-	if len(w.msgs) == cap(w.msgs) {
-		if err := w.flush(); err != nil {
-			return 0, err
-		}
-	}
-	buf := w.bufs[len(w.msgs)]
 	if len(b) > len(buf) {
 		buf = make([]byte, len(b))
 	}
-	n := copy(buf, b)
-	w.msgs = append(w.msgs, ipv4.Message{Buffers: [][]byte{buf[:n]}, Addr: w.to})
+	w.queue(buf[:copy(buf, b)])
 	return len(b), nil
+}
+
+// slot returns the buffer the next reply is put in, sending the queued
+// replies first when the queue is full.
+func (w *udpReplies) slot() ([]byte, error) {
+	if w.to == nil {
+		return nil, errors.New("dnsgate: reply outside a query")
+	}
+	if len(w.msgs) == cap(w.msgs) {
+		if err := w.flush(); err != nil {
+			return nil, err
+		}
+	}
+	return w.bufs[len(w.msgs)], nil
+}
+
+// queue adds reply b, to the sender of the query being answered.
+func (w *udpReplies) queue(b []byte) {
+	w.msgs = append(w.msgs, ipv4.Message{Buffers: [][]byte{b}, Addr: w.to})
 }
 
 // flush sends the queued replies and empties the queue. A reply the kernel
