@@ -23,9 +23,10 @@ import (
 // goroutine, as the client's connection itself works. A Transport hands
 // each request to a writing and a reading goroutine of its own, and over
 // HTTP/2 to one connection shared by many clients: per request, several
-// goroutine switches, which bound a keep-alive client on a small machine. A connection belongs to one request at a time and goes back to
-// the pool when its response has been read to the end, so a client
-// connection that sits idle holds none.
+// goroutine switches, which bound a keep-alive client on a small machine.
+// A connection belongs to one request at a time and goes back to the pool
+// when its response has been read to the end, so a client connection that
+// sits idle holds none.
 //
 // Requests that carry a body, upgrades and other methods take the member's
 // Transport, which handles a server that answers before it has read the
@@ -45,8 +46,7 @@ type h1Pool struct {
 // not carry. Each member has its own, as it has its own pooled
 // connections: no request goes over a connection dialled for another
 // member (the SSRF guard decides per member). It dials the connection's
-// host by name through the SSRF guard and verifies upstream TLS against
-// the system roots and upstream_ca_file.
+// host by name through the SSRF guard, as dial does.
 func (l *h1Pool) transport(source string) *http.Transport {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -54,7 +54,7 @@ func (l *h1Pool) transport(source string) *http.Transport {
 	if t == nil {
 		t = &http.Transport{
 			DialContext:           l.p.dialUpstream,
-			TLSClientConfig:       &tls.Config{RootCAs: l.p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
+			TLSClientConfig:       l.upstreamTLS(),
 			ForceAttemptHTTP2:     true,
 			MaxIdleConnsPerHost:   64,
 			IdleConnTimeout:       h1IdleTimeout,
@@ -64,6 +64,12 @@ func (l *h1Pool) transport(source string) *http.Transport {
 		l.transports[source] = t
 	}
 	return t
+}
+
+// upstreamTLS is the TLS configuration of every intercepted connection's
+// upstream side: verified against the system roots and upstream_ca_file.
+func (l *h1Pool) upstreamTLS() *tls.Config {
+	return &tls.Config{RootCAs: l.p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12}
 }
 
 const (
@@ -221,7 +227,7 @@ func (l *h1Pool) get(key string) *h1Upstream {
 func (l *h1Pool) put(u *h1Upstream) {
 	u.since = time.Now()
 	l.mu.Lock()
-	if l.idle != nil && len(l.idle[u.key]) < maxH1Idle && l.p.ctx.Err() == nil {
+	if len(l.idle[u.key]) < maxH1Idle && l.p.ctx.Err() == nil {
 		l.idle[u.key] = append(l.idle[u.key], u)
 		u = nil
 	}
@@ -318,8 +324,9 @@ func (l *h1Pool) dial(ctx context.Context, key, scheme, addr, host string) (*h1U
 		return nil, err
 	}
 	if scheme == "https" {
-		tc := tls.Client(c, &tls.Config{RootCAs: l.p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12,
-			ServerName: host, NextProtos: []string{"http/1.1"}})
+		cfg := l.upstreamTLS()
+		cfg.ServerName, cfg.NextProtos = host, []string{"http/1.1"}
+		tc := tls.Client(c, cfg)
 		hctx, cancel := context.WithTimeout(ctx, l.p.cfg.ConnectTimeout)
 		err := tc.HandshakeContext(hctx)
 		cancel()
