@@ -10,7 +10,7 @@ import (
 
 const module = "github.com/airlockhq/airlock"
 
-// TestDependencyArrows keeps dependencies flowing one way (DESIGN.md §2):
+// TestDependencyArrows keeps dependencies flowing one way (docs/design.md §2):
 // cmd → ui, netns, tproxy, dnsgate → policy. policy touches neither the
 // network nor the kernel.
 func TestDependencyArrows(t *testing.T) {
@@ -45,7 +45,7 @@ func TestDependencyArrows(t *testing.T) {
 		}
 		for _, b := range bad {
 			if deps[b] {
-				t.Errorf("%s imports %s (directly or not); DESIGN.md §2 forbids it", pkg, b)
+				t.Errorf("%s imports %s (directly or not); docs/design.md §2 forbids it", pkg, b)
 			}
 		}
 	}

@@ -7,7 +7,7 @@ import (
 	"sync"
 )
 
-// DefaultPool is the fake-IP range of DESIGN.md §4 (RFC 2544 benchmarking
+// DefaultPool is the fake-IP range of docs/design.md §4 (RFC 2544 benchmarking
 // space, never routed on the internet).
 var DefaultPool = netip.MustParsePrefix("198.18.0.0/15")
 

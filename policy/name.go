@@ -5,7 +5,7 @@ import (
 	"regexp"
 )
 
-// nameRE is what a sandbox name may be (DESIGN.md §6).
+// nameRE is what a sandbox name may be (docs/design.md §6).
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,30}$`)
 
 // ValidName reports whether name is a valid sandbox name: 1 to 31 lower-case

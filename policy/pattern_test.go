@@ -137,7 +137,7 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-// TestPatternMatches covers every example of DESIGN.md §3, the policy file
+// TestPatternMatches covers every example of docs/design.md §3.1, the policy file
 // example and the seed examples, each as a user would test it: a pattern and
 // a sample URL.
 func TestPatternMatches(t *testing.T) {

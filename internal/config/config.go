@@ -1,4 +1,4 @@
-// Package config reads airlockd's configuration file (DESIGN.md §7): where
+// Package config reads airlockd's configuration file (docs/design.md §7.1): where
 // the API listens, where state lives, the upstream DNS servers, the fake-IP
 // pool and the sandboxes.
 package config

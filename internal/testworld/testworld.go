@@ -1,5 +1,5 @@
 // Package testworld builds the world airlock's privileged end-to-end tests
-// run in (DESIGN.md §9): a "host" network namespace where airlockd runs,
+// run in (docs/design.md §10): a "host" network namespace where airlockd runs,
 // an "internet" namespace behind it with servers at 203.0.113.0/24 that log
 // everything that reaches them (DNS, HTTP, UDP, a private service at
 // 10.255.0.1 and a metadata service at 169.254.169.254), and helpers to run
