@@ -149,3 +149,74 @@ func TestCLI(t *testing.T) {
 		t.Errorf("unknown host after set deny: %q %q", r.Stdout, r.Stderr)
 	}
 }
+
+// TestBuiltInConfigSave runs the README's `airlock allow … --save` line
+// against airlockd's built-in config, as a newcomer does right after `make
+// run`: the sandbox's policy file does not exist yet, and saving a rule
+// must create it (state_dir/sandboxes/default.yaml). Then it checks what
+// `make run` says about an unknown host. Only the paths and the upstream
+// DNS are moved into the test's own directory.
+func TestBuiltInConfigSave(t *testing.T) {
+	w := testworld.New(t)
+	bin := testworld.Binaries(t)
+	def, err := exec.Command(filepath.Join(bin, "airlockd"), "--print-default-config").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(def)
+	for _, r := range []struct{ key, value string }{
+		{"state_dir:", w.Dir + "/state"},
+		{"run_dir:", w.Dir + "/run"},
+		{"upstream_dns:", `["` + testworld.DNSAddr + `:53"]`},
+	} {
+		re := regexp.MustCompile(`(?m)^` + r.key + `.*$`)
+		if !re.MatchString(cfg) {
+			t.Fatalf("the built-in config has no %s line:\n%s", r.key, cfg)
+		}
+		cfg = re.ReplaceAllString(cfg, r.key+" "+r.value)
+	}
+	cfgPath := filepath.Join(w.Dir, "airlockd.yaml")
+	write(t, cfgPath, cfg)
+	w.StartDaemon(cfgPath)
+
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile(`(?m)^sudo bin/(airlock allow default \S+ --save)`).FindSubmatch(readme)
+	if line == nil {
+		t.Fatal("the README has no `sudo bin/airlock allow default HOST --save` line")
+	}
+	args := append(strings.Fields(string(line[1]))[1:], "--config", cfgPath)
+	out, err := exec.Command("ip", append([]string{"netns", "exec", w.Host, filepath.Join(bin, "airlock")}, args...)...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "saved to the policy file") {
+		t.Fatalf("%s: %v\n%s", line[1], err, out)
+	}
+	pol, err := os.ReadFile(filepath.Join(w.Dir, "state", "sandboxes", "default.yaml"))
+	if host := strings.Fields(string(line[1]))[3]; err != nil || !strings.Contains(string(pol), host) {
+		t.Errorf("policy file after %s: %v\n%s", line[1], err, pol)
+	}
+
+	// What `make run` tells the user about an unknown host is what
+	// happens: it is held until someone decides, then refused with a 403.
+	script, err := os.ReadFile("../scripts/run.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*bin/airlock run --sandbox default -- (curl [^#]*?)\s*# (.*)$`).FindSubmatch(script)
+	if m == nil || !strings.Contains(string(m[2]), "held") {
+		t.Fatalf("scripts/run.sh shows no curl line that says the request is held: %q", m)
+	}
+	done := w.Start(cfgPath, "default", "", 20*time.Second, strings.Fields(string(m[1]))...)
+	token, err := os.ReadFile(filepath.Join(w.Dir, "state", "token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := waitPendingAPI(t, w, strings.TrimSpace(string(token)))
+	if code, body := call(t, w, strings.TrimSpace(string(token)), "POST", "/sandboxes/default/approvals/"+id, `{"action": "deny"}`); code != 200 {
+		t.Fatalf("deny %s: %d %s", id, code, body)
+	}
+	if r := done(); !strings.Contains(r.Stdout, "airlock blocked this request") {
+		t.Errorf("%s after a denial: %+v", m[1], r)
+	}
+}

@@ -78,6 +78,27 @@ func (p Pattern) Kind() Kind { return p.kind }
 // Method returns the method the pattern is limited to, or "".
 func (p Pattern) Method() string { return p.method }
 
+// Form names the pattern's form as the pattern language's table does, for
+// people: "exact", "wildcard", "path" (a host and a path glob),
+// "wildcard-path", "method", "regex", "cidr" or "any". A port does not
+// change the form.
+func (p Pattern) Form() string {
+	switch {
+	case p.kind == KindExact || p.kind == KindWildcard:
+		form := p.kind.String()
+		switch {
+		case p.method != "":
+			return "method"
+		case !p.anyPath() && p.kind == KindExact:
+			return "path"
+		case !p.anyPath():
+			return "wildcard-path"
+		}
+		return form
+	}
+	return p.kind.String()
+}
+
 // Host returns the exact host, or the domain under a "*." wildcard.
 func (p Pattern) Host() string { return p.host }
 

@@ -23,7 +23,8 @@ policy file /var/lib/airlock/sandboxes/default.yaml (created on the first saved 
 In another terminal, as root:
   bin/airlock run --sandbox default -- dig +short example.com         # an address from 198.18.0.0/15
   bin/airlock run --sandbox default -- dig TXT example.com            # REFUSED: no rule allows it
-  bin/airlock run --sandbox default -- curl -m 5 http://example.com/  # reset: nothing leaves the host
+  bin/airlock run --sandbox default -- curl -sS http://example.com/   # held until you decide: allow or
+                                        # deny it on the page or with bin/airlock pending; a 403 after 30 s
 
   docker run --rm --network airlock-default IMAGE ...                # a container in the sandbox
 

@@ -727,3 +727,26 @@ func TestEditsRefusedOverAHeldWideningEdit(t *testing.T) {
 		t.Errorf("add after the reload: %d %s", code, body)
 	}
 }
+
+// TestRuleTypeIsTheForm: the type the API (and so the allowlist manager and
+// `airlock ls`) shows names the pattern's form; a host with a path glob is
+// not an exact host.
+func TestRuleTypeIsTheForm(t *testing.T) {
+	h := newAPI(t, "sandbox: {}\n")
+	for pattern, want := range map[string]string{
+		"api.allowed.test/v1/*":          "path",
+		"api.allowed.test":               "exact",
+		"*.allowed.test":                 "wildcard",
+		"GET api.allowed.test/x/*":       "method",
+		"cidr:203.0.113.0/24":            "cidr",
+		"*.allowed.test/api/*":           "wildcard-path",
+		`regex:api\.allowed\.test/v1/.*`: "regex",
+	} {
+		body, _ := json.Marshal(map[string]string{"pattern": pattern})
+		code, resp := h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist", string(body))
+		var r ruleView
+		if err := json.Unmarshal([]byte(resp), &r); code != 201 || err != nil || r.Type != want {
+			t.Errorf("add %q: %d %s, want type %q", pattern, code, resp, want)
+		}
+	}
+}

@@ -123,7 +123,7 @@ func (s *Server) getSandbox(c echo.Context) error {
 type ruleView struct {
 	ID      string     `json:"id"`
 	Pattern string     `json:"pattern"`
-	Type    string     `json:"type"` // exact, wildcard, regex, cidr, any
+	Type    string     `json:"type"` // policy.Pattern.Form: exact, wildcard, path, wildcard-path, method, regex, cidr, any
 	Tier    string     `json:"tier"` // auto, user, session
 	List    string     `json:"list"`
 	Source  string     `json:"source,omitempty"`
@@ -134,7 +134,7 @@ type ruleView struct {
 }
 
 func viewRule(r *policy.Rule) ruleView {
-	v := ruleView{ID: r.ID, Pattern: r.Pattern.String(), Type: r.Pattern.Kind().String(), Tier: r.Tier.String(),
+	v := ruleView{ID: r.ID, Pattern: r.Pattern.String(), Type: r.Pattern.Form(), Tier: r.Tier.String(),
 		List: r.List.String(), Source: r.Source, Member: r.Member, Forced: r.Forced, LLM: policy.IsLLMHost(r.Pattern.String())}
 	if !r.Added.IsZero() {
 		t := r.Added

@@ -120,6 +120,11 @@ func (d *daemon) init() error {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
+	// The default home of policy files (a sandbox without policy:, and
+	// those made through the API): the first saved rule writes there.
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "sandboxes"), 0o700); err != nil {
+		return fmt.Errorf("state_dir: %w", err)
+	}
 	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
 		return fmt.Errorf("run_dir: %w", err)
 	}
