@@ -184,7 +184,7 @@ func (s *Server) addRule(l policy.List) echo.HandlerFunc {
 		case errors.Is(err, policy.ErrBroad):
 			return fail(http.StatusBadRequest, err.Error(), `send "force": true to accept a broad pattern on purpose`)
 		case err != nil && strings.HasPrefix(err.Error(), "pattern "):
-			return fail(http.StatusBadRequest, err.Error(), "see the pattern language in the README")
+			return fail(http.StatusBadRequest, err.Error(), "see the pattern language in docs/policy.md")
 		case isHeldEdit(err):
 			return failHeldEdit(err)
 		case err != nil:

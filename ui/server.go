@@ -255,11 +255,11 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		out = apiError{Status: he.Code, Message: strings.ToLower(fmt.Sprint(he.Message))}
 		switch he.Code {
 		case http.StatusNotFound:
-			out.Hint = "the API lives under /api/v1; see the README"
+			out.Hint = "the API lives under /api/v1; see docs/api.md"
 		case http.StatusRequestEntityTooLarge:
 			out.Message, out.Hint = "request body too large", fmt.Sprintf("bodies are limited to %d bytes", MaxBody)
 		case http.StatusMethodNotAllowed:
-			out.Hint = "check the method for this path in the README"
+			out.Hint = "check the method for this path in docs/api.md"
 		}
 	default:
 		s.log.Error("API", "path", c.Path(), "err", err)
@@ -400,7 +400,7 @@ func decode(c echo.Context, v any) error {
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fail(http.StatusBadRequest, "bad JSON body: "+err.Error(), "send one JSON object with the fields the README lists")
+		return fail(http.StatusBadRequest, "bad JSON body: "+err.Error(), "send one JSON object with the fields docs/api.md lists")
 	}
 	if dec.More() {
 		return fail(http.StatusBadRequest, "bad JSON body: more than one value", "send one JSON object")

@@ -103,7 +103,7 @@ func (s *Server) replaceRule(l policy.List) echo.HandlerFunc {
 		case isHeldEdit(err):
 			return failHeldEdit(err)
 		case err != nil && strings.HasPrefix(err.Error(), "pattern "):
-			return fail(http.StatusBadRequest, err.Error(), "see the pattern language in the README")
+			return fail(http.StatusBadRequest, err.Error(), "see the pattern language in docs/policy.md")
 		case err != nil:
 			return fail(http.StatusInternalServerError, err.Error(), "the policy file could not be written; nothing changed")
 		}
