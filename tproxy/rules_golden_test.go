@@ -1,0 +1,246 @@
+package tproxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite testdata/*.golden from the code")
+
+// TestRuleSetGolden renders the exact rule set EnsureRules sends to the
+// kernel in nft's own words and compares it with testdata/ruleset.golden.
+// The rules are read back from the netlink messages of the Flush (parsed
+// by google/nftables as `nft list` would get them from the kernel), so a
+// change of any match, register, offset, priority or verdict shows here.
+// After a deliberate change: go test ./tproxy -run TestRuleSetGolden -update
+func TestRuleSetGolden(t *testing.T) {
+	cfg := testConfig()
+	cfg.BridgePrefix = "al-"
+	got := renderRuleSet(t, cfg)
+	path := filepath.Join("testdata", "ruleset.golden")
+	if *updateGolden {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to write it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("the rule set differs from %s; if the change is meant, run with -update and review the diff.\ngot:\n%s", path, got)
+	}
+}
+
+// TestRuleSetGoldenSeesAChange: the renderer shows a one-byte change of a
+// match, so the golden test cannot pass over one.
+func TestRuleSetGoldenSeesAChange(t *testing.T) {
+	a := renderRuleSet(t, testConfig())
+	cfg := testConfig()
+	cfg.Sandboxes[1].Subnet = netip.MustParsePrefix("10.88.2.0/24")
+	cfg.Sandboxes[1].Gateway = netip.MustParseAddr("10.88.2.1")
+	b := renderRuleSet(t, cfg)
+	if a == b || !strings.Contains(b, "10.88.2.0") {
+		t.Errorf("another subnet renders the same rule set:\n%s", b)
+	}
+	cfg = testConfig()
+	cfg.ProxyPort = 15002
+	if c := renderRuleSet(t, cfg); c == a || !strings.Contains(c, ":15002") {
+		t.Errorf("another proxy port renders the same rule set:\n%s", c)
+	}
+}
+
+// renderRuleSet builds cfg's rule set on a recording connection, then reads
+// its chains and rules back through google/nftables' own parsers and
+// renders them.
+func renderRuleSet(t *testing.T, cfg RulesConfig) string {
+	t.Helper()
+	c, msgs := record(t)
+	if err := EnsureRules(c, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var chainMsgs, ruleMsgs []netlink.Message
+	for _, m := range *msgs {
+		switch int(m.Header.Type) & 0xff {
+		case unix.NFT_MSG_NEWCHAIN:
+			chainMsgs = append(chainMsgs, m)
+		case unix.NFT_MSG_NEWRULE:
+			ruleMsgs = append(ruleMsgs, m)
+		}
+	}
+	// A connection whose "kernel" answers every dump with what the Flush
+	// sent: the parsers then see the bytes the kernel would have stored.
+	replay := func(out []netlink.Message) *nftables.Conn {
+		rc, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+			reply := make([]netlink.Message, len(out))
+			for i, m := range out {
+				m.Header.Sequence, m.Header.PID = req[0].Header.Sequence, req[0].Header.PID
+				reply[i] = m
+			}
+			return reply, nil
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rc
+	}
+	chains, err := replay(chainMsgs).ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatalf("parse chains: %v", err)
+	}
+	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+	rules, err := replay(ruleMsgs).GetRules(table, &nftables.Chain{Name: "any"})
+	if err != nil {
+		t.Fatalf("parse rules: %v", err)
+	}
+	byChain := map[string][]*nftables.Rule{}
+	for _, r := range rules {
+		byChain[r.Chain.Name] = append(byChain[r.Chain.Name], r)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "table inet %s {\n", TableName)
+	for _, ch := range chains {
+		fmt.Fprintf(&b, "\tchain %s {\n", ch.Name)
+		if ch.Hooknum != nil {
+			policy := "accept"
+			if ch.Policy != nil && *ch.Policy == nftables.ChainPolicyDrop {
+				policy = "drop"
+			}
+			fmt.Fprintf(&b, "\t\ttype %s hook %s priority %d; policy %s;\n", ch.Type, hookName(*ch.Hooknum), *ch.Priority, policy)
+		}
+		for _, r := range byChain[ch.Name] {
+			fmt.Fprintf(&b, "\t\t%s\n", renderExprs(r.Exprs))
+		}
+		b.WriteString("\t}\n")
+		delete(byChain, ch.Name)
+	}
+	b.WriteString("}\n")
+	if len(byChain) > 0 {
+		var names []string
+		for n := range byChain {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		t.Errorf("rules in chains that were not created: %v", names)
+	}
+	return b.String()
+}
+
+func hookName(h nftables.ChainHook) string {
+	switch h {
+	case *nftables.ChainHookPrerouting:
+		return "prerouting"
+	case *nftables.ChainHookInput:
+		return "input"
+	case *nftables.ChainHookForward:
+		return "forward"
+	case *nftables.ChainHookOutput:
+		return "output"
+	case *nftables.ChainHookPostrouting:
+		return "postrouting"
+	}
+	return fmt.Sprintf("hook(%d)", h)
+}
+
+// renderExprs writes a rule's expressions in nft's words, with the
+// registers that tie them together, so that a load into the wrong
+// register, a wrong offset or a wrong mask shows. What it does not know it
+// writes with %T and %+v, which still changes with every field.
+func renderExprs(es []expr.Any) string {
+	var parts []string
+	for _, e := range es {
+		switch e := e.(type) {
+		case *expr.Meta:
+			if e.SourceRegister {
+				parts = append(parts, fmt.Sprintf("meta %s set r%d", metaName(e.Key), e.Register))
+			} else {
+				parts = append(parts, fmt.Sprintf("r%d = meta %s", e.Register, metaName(e.Key)))
+			}
+		case *expr.Payload:
+			base := map[expr.PayloadBase]string{expr.PayloadBaseLLHeader: "ll", expr.PayloadBaseNetworkHeader: "nh", expr.PayloadBaseTransportHeader: "th"}[e.Base]
+			parts = append(parts, fmt.Sprintf("r%d = payload %s[%d:%d]", e.DestRegister, base, e.Offset, e.Offset+e.Len))
+		case *expr.Bitwise:
+			parts = append(parts, fmt.Sprintf("r%d = r%d & %s ^ %s", e.DestRegister, e.SourceRegister, hexBytes(e.Mask), hexBytes(e.Xor)))
+		case *expr.Cmp:
+			op := map[expr.CmpOp]string{expr.CmpOpEq: "==", expr.CmpOpNeq: "!=", expr.CmpOpLt: "<", expr.CmpOpLte: "<=", expr.CmpOpGt: ">", expr.CmpOpGte: ">="}[e.Op]
+			parts = append(parts, fmt.Sprintf("r%d %s %s", e.Register, op, dataString(e.Data)))
+		case *expr.Immediate:
+			parts = append(parts, fmt.Sprintf("r%d = %s", e.Register, dataString(e.Data)))
+		case *expr.NAT:
+			typ := map[expr.NATType]string{expr.NATTypeDestNAT: "dnat", expr.NATTypeSourceNAT: "snat"}[e.Type]
+			parts = append(parts, fmt.Sprintf("%s family %d to r%d:r%d", typ, e.Family, e.RegAddrMin, e.RegProtoMin))
+		case *expr.Counter:
+			parts = append(parts, "counter")
+		case *expr.Verdict:
+			v := map[expr.VerdictKind]string{expr.VerdictAccept: "accept", expr.VerdictDrop: "drop", expr.VerdictReturn: "return", expr.VerdictJump: "jump", expr.VerdictGoto: "goto", expr.VerdictContinue: "continue"}[e.Kind]
+			if e.Chain != "" {
+				v += " " + e.Chain
+			}
+			parts = append(parts, v)
+		default:
+			parts = append(parts, fmt.Sprintf("%T%+v", e, e))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+func metaName(k expr.MetaKey) string {
+	switch k {
+	case expr.MetaKeyIIFNAME:
+		return "iifname"
+	case expr.MetaKeyOIFNAME:
+		return "oifname"
+	case expr.MetaKeyNFPROTO:
+		return "nfproto"
+	case expr.MetaKeyL4PROTO:
+		return "l4proto"
+	case expr.MetaKeyMARK:
+		return "mark"
+	case expr.MetaKeyPKTTYPE:
+		return "pkttype"
+	}
+	return fmt.Sprintf("meta(%d)", k)
+}
+
+// dataString shows comparison data as what it most likely is: an
+// interface name, an IPv4 address, a port, a protocol number, else hex.
+func dataString(d []byte) string {
+	switch {
+	case len(d) == unix.IFNAMSIZ || len(d) > 0 && len(d) < unix.IFNAMSIZ && isPrintable(d) && len(d) > 2:
+		return fmt.Sprintf("%q", string(bytes.TrimRight(d, "\x00")))
+	case len(d) == 4:
+		return netip.AddrFrom4([4]byte(d)).String()
+	case len(d) == 2:
+		return fmt.Sprintf(":%d", binary.BigEndian.Uint16(d))
+	case len(d) == 1:
+		return fmt.Sprintf("%d", d[0])
+	}
+	return hexBytes(d)
+}
+
+func isPrintable(d []byte) bool {
+	for _, c := range d {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func hexBytes(d []byte) string { return fmt.Sprintf("0x%x", d) }
