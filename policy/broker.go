@@ -142,8 +142,17 @@ type pendingState struct {
 	key askKey
 	// query is the question ReleaseAllowed asks the rules again.
 	query Query
-	done  chan struct{} // closed when decided
-	out   Outcome
+	// waiters are the held connections or requests, first asker first;
+	// guarded by Broker.mu.
+	waiters []*waiter
+	timer   *time.Timer // times the approval out
+}
+
+// waiter is one held connection or request.
+type waiter struct {
+	ps   *pendingState // the approval it waits on; guarded by Broker.mu
+	done chan struct{} // closed when it is answered
+	out  Outcome
 }
 
 // askKey says which asks share an approval.
@@ -214,39 +223,32 @@ var ErrNoPending = errors.New("no such pending approval")
 // Ask holds the caller until a person decides, the approval times out
 // (denied), or ctx ends (denied, without deciding for others waiting).
 func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
-	ps := b.join(req)
-	timer := time.NewTimer(ps.Deadline.Sub(b.cfg.Now()))
-	defer timer.Stop()
+	w := &waiter{done: make(chan struct{})}
+	b.join(req, w)
 	select {
-	case <-ps.done:
-		return ps.out
-	case <-timer.C:
-		b.resolve(ps, Outcome{Reason: fmt.Sprintf("no decision within %s", ps.Deadline.Sub(ps.Created).Round(time.Second))}, "timeout", nil)
-		<-ps.done
-		return ps.out
+	case <-w.done:
+		return w.out
 	case <-ctx.Done():
-		b.leave(ps)
-		return Outcome{Reason: "the client went away while waiting"}
+		if b.leave(w) {
+			return Outcome{Reason: "the client went away while waiting"}
+		}
+		<-w.done // answered meanwhile
+		return w.out
 	}
 }
 
-func (b *Broker) join(req AskRequest) *pendingState {
+func (b *Broker) join(req AskRequest, w *waiter) {
 	key := keyOf(req)
 	b.mu.Lock()
 	for _, ps := range b.pending {
 		if ps.key == key {
-			ps.Waiting++
+			ps.waiters = append(ps.waiters, w)
+			ps.Waiting = len(ps.waiters)
+			w.ps = ps
 			b.mu.Unlock()
-			return ps
+			return
 		}
 	}
-	now := b.cfg.Now()
-	timeout := b.cfg.Timeout
-	if timeout == 0 {
-		timeout = b.cfg.Sandbox.Spec().ApprovalTimeout
-	}
-	id := make([]byte, 8)
-	rand.Read(id)
 	sugg, _ := Suggest(req.Host)
 	url := req.URL
 	if url == "" {
@@ -254,39 +256,64 @@ func (b *Broker) join(req AskRequest) *pendingState {
 	}
 	ps := &pendingState{
 		Pending: Pending{
-			ID: hex.EncodeToString(id), Source: req.Source, Host: req.Host, Port: req.Port,
-			Method: req.Method, URL: url, Created: now, Deadline: now.Add(timeout),
-			Suggestions: sugg, Headers: req.Headers, Waiting: 1,
+			Source: req.Source, Host: req.Host, Port: req.Port, Method: req.Method, URL: url,
+			Suggestions: sugg, Headers: req.Headers,
 		},
 		key:   key,
 		query: queryOf(req),
-		done:  make(chan struct{}),
 	}
 	if req.Source != "" {
 		ps.Sources = []string{req.Source}
 	}
-	b.pending[ps.ID] = ps
-	snapshot := ps.Pending
+	snapshot := b.openLocked(ps, []*waiter{w})
 	b.mu.Unlock()
 	b.emit(BrokerEvent{Kind: "opened", Pending: snapshot})
-	return ps
 }
 
-func (b *Broker) leave(ps *pendingState) {
+// openLocked gives ps a new ID and deadline, holds waiters on it and starts
+// its timeout; it returns what to announce.
+func (b *Broker) openLocked(ps *pendingState, waiters []*waiter) Pending {
+	now := b.cfg.Now()
+	timeout := b.cfg.Timeout
+	if timeout == 0 {
+		timeout = b.cfg.Sandbox.Spec().ApprovalTimeout
+	}
+	id := make([]byte, 8)
+	rand.Read(id)
+	ps.ID, ps.Created, ps.Deadline = hex.EncodeToString(id), now, now.Add(timeout)
+	ps.waiters, ps.Waiting = waiters, len(waiters)
+	for _, w := range waiters {
+		w.ps = ps
+	}
+	b.pending[ps.ID] = ps
+	ps.timer = time.AfterFunc(timeout, func() {
+		b.resolve(ps, Outcome{Reason: fmt.Sprintf("no decision within %s", timeout.Round(time.Second))}, "timeout", nil)
+	})
+	return ps.Pending
+}
+
+// leave takes w off its approval; it reports false when w was answered
+// already. An approval nobody waits on any more is dropped: the question
+// is moot.
+func (b *Broker) leave(w *waiter) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.pending[ps.ID]; ok {
-		ps.Waiting--
-		if ps.Waiting == 0 {
-			// Nobody is held any more: the question is moot.
-			delete(b.pending, ps.ID)
-			close(ps.done)
-		}
+	ps := w.ps
+	i := slices.Index(ps.waiters, w)
+	if i < 0 {
+		return false
 	}
+	ps.waiters = slices.Delete(ps.waiters, i, i+1)
+	ps.Waiting = len(ps.waiters)
+	if len(ps.waiters) == 0 {
+		delete(b.pending, ps.ID)
+		ps.timer.Stop()
+	}
+	return true
 }
 
-// resolve ends a pending approval for all its waiters; it is a no-op when
-// the approval was already decided.
+// resolve answers every waiter of a pending approval with out; it is a
+// no-op when the approval was already decided.
 func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rule) bool {
 	b.mu.Lock()
 	if _, ok := b.pending[ps.ID]; !ok {
@@ -294,13 +321,52 @@ func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rul
 		return false
 	}
 	delete(b.pending, ps.ID)
-	ps.out = out
+	ps.timer.Stop()
+	waiters := ps.waiters
+	ps.waiters = nil
 	snapshot := ps.Pending
 	b.mu.Unlock()
 	// The decision is announced before the waiters go on, so the monitor
 	// and the audit log show it ahead of the traffic it let through.
 	b.emit(BrokerEvent{Kind: "decided", Pending: snapshot, Action: action, Rule: rule})
-	close(ps.done)
+	for _, w := range waiters {
+		w.out = out
+		close(w.done)
+	}
+	return true
+}
+
+// allowOnce lets exactly one held connection or request through: the one
+// that opened the approval, whose URL and headers the person saw (design
+// §8, invariant 13). Others that joined it (the same member, host and port,
+// or the same method and URL, but maybe another body or other headers)
+// are asked about again, as a new approval.
+func (b *Broker) allowOnce(ps *pendingState) bool {
+	b.mu.Lock()
+	if _, ok := b.pending[ps.ID]; !ok {
+		b.mu.Unlock()
+		return false
+	}
+	delete(b.pending, ps.ID)
+	ps.timer.Stop()
+	first, rest := ps.waiters[0], ps.waiters[1:]
+	ps.waiters = nil
+	decided := ps.Pending
+	decided.Waiting = 1
+	var reopened *Pending
+	if len(rest) > 0 {
+		next := &pendingState{Pending: ps.Pending, key: ps.key, query: ps.query}
+		next.Sources = slices.Clone(ps.Sources)
+		p := b.openLocked(next, slices.Clone(rest))
+		reopened = &p
+	}
+	b.mu.Unlock()
+	b.emit(BrokerEvent{Kind: "decided", Pending: decided, Action: "allow_once"})
+	first.out = Outcome{Allowed: true, Reason: "approved once"}
+	close(first.done)
+	if reopened != nil {
+		b.emit(BrokerEvent{Kind: "opened", Pending: *reopened})
+	}
 	return true
 }
 
@@ -365,7 +431,7 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 		}
 		return rule, nil
 	case ResolveAllowOnce:
-		if !b.resolve(ps, Outcome{Allowed: true, Reason: "approved once"}, "allow_once", nil) {
+		if !b.allowOnce(ps) {
 			return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
 		}
 		return nil, nil

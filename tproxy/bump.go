@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,13 +51,16 @@ type RequestRecord struct {
 // request by request: each request is checked (Host against the name the
 // connection was decided for, then method and path against policy) and
 // forwarded upstream by that name.
-func (p *Proxy) bump(c *conn, host string, port uint16, approved bool) {
+func (p *Proxy) bump(c *conn, host string, port uint16) {
 	var client net.Conn = &prefixConn{TCPConn: c.client, r: io.MultiReader(bytes.NewReader(c.peeked), c.client)}
 	hello := c.hello
 	// The reader above has the bytes; a connection held open for hours
 	// keeps nothing else of them.
 	c.peeked, c.hello, c.head = nil, nil, nil
 	scheme, proto := "http", "http/1.1"
+	if c.h2c {
+		proto = "h2"
+	}
 	if hello != nil {
 		if p.cfg.CA == nil {
 			p.reset(c, "interception needed but this sandbox has no CA")
@@ -88,7 +92,7 @@ func (p *Proxy) bump(c *conn, host string, port uint16, approved bool) {
 		client = tc
 	}
 	c.rec.Verdict = "allow"
-	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme, approved: approved}
+	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme}
 	h.fwd = p.reverseProxy(scheme, &h1Client{pool: p.h1, scheme: scheme})
 	if proto == "h2" {
 		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(client, &http2.ServeConnOpts{
@@ -113,9 +117,6 @@ type bumpHandler struct {
 	host   string
 	port   uint16
 	scheme string
-	// approved: a person allowed this connection once; its requests that
-	// no rule decides are not asked about again.
-	approved bool
 	// fwd forwards the connection's requests (h1Client).
 	fwd *httputil.ReverseProxy
 
@@ -132,9 +133,17 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !(h.scheme == "https" && h.port == 443) && !(h.scheme == "http" && h.port == 80) {
 		authority += ":" + strconv.Itoa(int(h.port))
 	}
+	// The one form of the target that is decided on, recorded, shown to a
+	// person and forwarded (design §5.6); a target servers could read in
+	// another way is refused before any rule sees it.
+	target, targetErr := policy.CanonicalTarget(r.RequestURI)
+	shown := target
+	if targetErr != nil {
+		shown = r.RequestURI
+	}
 	rec := RequestRecord{
 		ConnID: h.c.rec.ID, Time: start, Sandbox: h.p.cfg.Sandbox, Source: h.c.rec.Source,
-		Method: r.Method, URL: h.scheme + "://" + authority + r.URL.RequestURI(), Host: h.host,
+		Method: r.Method, URL: h.scheme + "://" + authority + shown, Host: h.host,
 		Proto: r.Proto, Verdict: "deny", Headers: sanitizeHeaders(r.Header), LLM: h.c.rec.LLM,
 	}
 	rw := &recordingWriter{ResponseWriter: w, start: start}
@@ -154,17 +163,27 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.forbid(rw, r, &rec)
 		return
 	}
+	if targetErr != nil {
+		rec.Reason = targetErr.Error()
+		h.forbid(rw, r, &rec)
+		return
+	}
+	if err := setTarget(r, target); err != nil {
+		rec.Reason = err.Error()
+		h.forbid(rw, r, &rec)
+		return
+	}
 	// Only WebSocket upgrades become tunnels. Any other (h2c) would carry
 	// requests nobody checks, so it goes upstream as a plain request.
 	if u := r.Header.Get("Upgrade"); u != "" && !strings.EqualFold(u, "websocket") {
 		stripUpgrade(r.Header)
 	}
-	d := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, Path: r.URL.RequestURI()})
+	d := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, Path: target})
 	// Servers that honour a method override act on it: it is decided too,
 	// and the stricter answer stands.
 	for _, k := range methodOverrides {
 		if m := strings.ToUpper(strings.TrimSpace(r.Header.Get(k))); m != "" && m != r.Method {
-			od := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: m, Path: r.URL.RequestURI()})
+			od := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: m, Path: target})
 			if od.Verdict == policy.Deny || od.Verdict == policy.Ask && d.Verdict == policy.Allow {
 				d = od
 			}
@@ -177,10 +196,8 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case policy.Allow:
 		rec.Reason = d.Reason.String()
 	case policy.Ask:
-		if h.approved {
-			rec.Reason = "the connection was approved once"
-			break
-		}
+		// Each request no rule decides is asked about with its own method
+		// and URL: an approval once covers exactly the request shown.
 		if h.p.cfg.Approvals == nil {
 			rec.Reason = "no rule matched and nobody can be asked"
 			h.forbid(rw, r, &rec)
@@ -215,13 +232,30 @@ func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *Reques
 	if rule == "" {
 		rule = "none"
 	}
-	suggest := h.host + r.URL.Path
+	suggest := h.host + r.URL.EscapedPath()
 	body := fmt.Sprintf("airlock blocked this request.\n\nsandbox: %s\nsource:  %s\nrequest: %s %s\nreason:  %s\nrule:    %s\n\nTo allow it, approve it on airlock's page%s\nor add a rule to the sandbox's policy file, such as:\n  - pattern: %q\n",
 		h.p.cfg.Sandbox, rec.Source, r.Method, rec.URL, rec.Reason, rule, approvalHint(h.p.cfg.ApprovalURL), r.Method+" "+suggest)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Airlock-Verdict", "deny")
 	w.WriteHeader(http.StatusForbidden)
 	io.WriteString(w, body)
+}
+
+// setTarget makes r's URL the canonical target, so that what goes
+// upstream is byte for byte what was decided: the path in its escaped
+// form, the query as sent.
+func setTarget(r *http.Request, target string) error {
+	path, query, hasQuery := strings.Cut(target, "?")
+	dec, err := url.PathUnescape(path)
+	if err != nil {
+		return fmt.Errorf("%w: %v", policy.ErrAmbiguousPath, err)
+	}
+	r.URL.Path, r.URL.RawPath, r.URL.RawQuery, r.URL.Opaque = dec, path, query, ""
+	r.URL.ForceQuery = hasQuery && query == ""
+	if got := r.URL.RequestURI(); got != target {
+		return fmt.Errorf("%w: %q would go upstream as %q", policy.ErrAmbiguousPath, target, got)
+	}
+	return nil
 }
 
 // methodOverrides are the headers with which clients tell servers to treat

@@ -28,59 +28,89 @@ type Hello struct {
 
 // parseClientHello reads a ClientHello from the start of a TLS stream. It
 // returns errNeedMore while the handshake message is incomplete and
-// errNotTLS when the bytes are not a TLS handshake. The handshake may span
-// several records.
+// errNotTLS when the first byte is not that of a TLS record. Bytes that
+// start like TLS are read strictly, because a server may act on a first
+// flight the proxy could not read (design §8, invariant 11): the first
+// record must be a handshake record of version 3.1 to 3.3, the handshake
+// may span several such records and must end where a record ends, and the
+// message must be a ClientHello.
 func parseClientHello(b []byte) (Hello, error) {
 	if len(b) == 0 {
 		return Hello{}, errNeedMore
 	}
-	if b[0] != 0x16 {
+	if !tlsShaped(b[0]) {
 		return Hello{}, errNotTLS
 	}
 	// Reassemble the handshake bytes from consecutive records.
 	var hs []byte
+	declared := 0 // handshake bytes the records so far announce
 	for rest := b; ; {
 		if len(rest) < 5 {
-			return Hello{}, errNeedMore
-		}
-		if rest[0] != 0x16 || rest[1] != 0x03 {
-			return Hello{}, errNotTLS
-		}
-		n := int(rest[3])<<8 | int(rest[4])
-		if n == 0 || n > 1<<14+256 {
-			return Hello{}, fmt.Errorf("%w: record length %d", errNotTLS, n)
-		}
-		if len(rest) < 5+n {
-			// Use what has arrived; the message may already be whole.
-			hs = append(hs, rest[5:]...)
-			if h, err := parseHandshake(hs); err != errNeedMore {
-				return h, err
+			if len(rest) > 0 && rest[0] != 0x16 {
+				return Hello{}, fmt.Errorf("a TLS record of type %d before the ClientHello was whole", rest[0])
 			}
 			return Hello{}, errNeedMore
 		}
-		hs = append(hs, rest[5:5+n]...)
-		if h, err := parseHandshake(hs); err != errNeedMore {
+		if rest[0] != 0x16 {
+			return Hello{}, fmt.Errorf("a TLS record of type %d where the ClientHello was expected", rest[0])
+		}
+		if rest[1] != 0x03 || rest[2] < 0x01 || rest[2] > 0x03 {
+			return Hello{}, fmt.Errorf("TLS record version %d.%d; clients send 3.1 to 3.3", rest[1], rest[2])
+		}
+		n := int(rest[3])<<8 | int(rest[4])
+		if n == 0 || n > 1<<14 {
+			return Hello{}, fmt.Errorf("TLS handshake record of %d bytes", n)
+		}
+		declared += n
+		whole := len(rest) >= 5+n
+		if whole {
+			hs = append(hs, rest[5:5+n]...)
+		} else {
+			hs = append(hs, rest[5:]...)
+		}
+		h, size, err := parseHandshake(hs)
+		if err == nil && size != declared {
+			// A server would read what follows the hello in its records
+			// as another handshake message.
+			return Hello{}, fmt.Errorf("%d bytes after the ClientHello in its TLS record", declared-size)
+		}
+		if err != errNeedMore {
 			return h, err
+		}
+		if !whole {
+			return Hello{}, errNeedMore
 		}
 		rest = rest[5+n:]
 	}
 }
 
-func parseHandshake(hs []byte) (Hello, error) {
+// tlsShaped reports a first byte that a TLS server takes for the type of a
+// record: change_cipher_spec, alert, handshake, application_data or
+// heartbeat.
+func tlsShaped(b byte) bool { return 0x14 <= b && b <= 0x18 }
+
+// parseHandshake reads the ClientHello at the start of hs and returns it
+// with its size, header included.
+func parseHandshake(hs []byte) (Hello, int, error) {
 	if len(hs) < 4 {
-		return Hello{}, errNeedMore
+		return Hello{}, 0, errNeedMore
 	}
 	if hs[0] != 1 { // client_hello
-		return Hello{}, fmt.Errorf("%w: handshake type %d", errNotTLS, hs[0])
+		return Hello{}, 0, fmt.Errorf("TLS handshake message of type %d where the ClientHello was expected", hs[0])
 	}
 	n := int(hs[1])<<16 | int(hs[2])<<8 | int(hs[3])
 	if n > MaxPeek {
-		return Hello{}, fmt.Errorf("ClientHello of %d bytes is larger than %d", n, MaxPeek)
+		return Hello{}, 0, fmt.Errorf("ClientHello of %d bytes is larger than %d", n, MaxPeek)
 	}
 	if len(hs) < 4+n {
-		return Hello{}, errNeedMore
+		return Hello{}, 0, errNeedMore
 	}
-	s := cryptobyte.String(hs[4 : 4+n])
+	h, err := parseHelloBody(hs[4 : 4+n])
+	return h, 4 + n, err
+}
+
+func parseHelloBody(body []byte) (Hello, error) {
+	s := cryptobyte.String(body)
 	var (
 		version             uint16
 		random, sid, suites cryptobyte.String
@@ -90,6 +120,9 @@ func parseHandshake(hs []byte) (Hello, error) {
 		!s.ReadUint8LengthPrefixed(&sid) || !s.ReadUint16LengthPrefixed(&suites) ||
 		!s.ReadUint8LengthPrefixed(&comp) {
 		return Hello{}, errors.New("malformed ClientHello")
+	}
+	if version < 0x0301 || version > 0x0303 {
+		return Hello{}, fmt.Errorf("ClientHello of version %#04x; clients send 0x0301 to 0x0303", version)
 	}
 	var h Hello
 	if s.Empty() {
@@ -158,26 +191,94 @@ type Head struct {
 	Host   string // from the Host header, or the absolute-form target; port removed
 }
 
-// parseHTTPHead reads an HTTP/1.x request head. It returns errNeedMore until
-// the blank line that ends the head has arrived, and errNotHTTP for bytes
-// that are not a request. Two Host headers, a Host that disagrees with an
-// absolute-form target, or obsolete line folding are errors: a proxy and a
-// server could read them differently.
-func parseHTTPHead(b []byte) (Head, error) {
-	// The request line must look like one as soon as it starts, so that
-	// other protocols are told apart without waiting for a blank line:
-	// methods are upper-case letters (GET, POST, PROPFIND), at most 16.
+// h2cPreface starts an HTTP/2 connection with prior knowledge (RFC 9113
+// §3.4).
+const h2cPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// parseH2CPreface reports whether b starts with the HTTP/2 preface; it
+// returns errNeedMore while b is a shorter part of it.
+func parseH2CPreface(b []byte) (bool, error) {
+	if len(b) < len(h2cPreface) {
+		if string(b) == h2cPreface[:len(b)] {
+			return false, errNeedMore
+		}
+		return false, nil
+	}
+	return string(b[:len(h2cPreface)]) == h2cPreface, nil
+}
+
+// httpShaped reports whether b starts like an HTTP/1.x request as a lenient
+// server would take it: a token, white space, and a first line that ends
+// in an HTTP version, after any empty lines. more is set while the first
+// line is not whole. Bytes shaped so are then read strictly
+// (parseHTTPHead): a server may act on a request the proxy could not read.
+func httpShaped(b []byte) (shaped, more bool) {
 	i := 0
-	for i < len(b) && i < 17 && 'A' <= b[i] && b[i] <= 'Z' {
+	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	start := i
+	for i < len(b) && isTChar(b[i]) {
 		i++
 	}
 	switch {
-	case i == len(b) && i <= 16:
-		return Head{}, errNeedMore // an upper-case word so far: maybe a method
-	case i == 0 || i > 16 || b[i] != ' ':
+	case i == start && i < len(b):
+		return false, false // no token
+	case i == len(b):
+		return false, true // a token so far
+	case b[i] != ' ' && b[i] != '\t':
+		return false, false
+	}
+	nl := bytes.IndexByte(b[i:], '\n')
+	if nl < 0 {
+		return false, true
+	}
+	line := b[start : i+nl]
+	if cr := bytes.IndexByte(line, '\r'); cr >= 0 {
+		line = line[:cr] // some servers end a line at a bare CR
+	}
+	fields := strings.Fields(string(line))
+	last := fields[len(fields)-1]
+	return len(fields) >= 2 && len(last) >= 5 && strings.EqualFold(last[:5], "HTTP/"), false
+}
+
+// parseHTTPHead reads an HTTP/1.x request head. It returns errNeedMore until
+// the blank line that ends the head has arrived, and errNotHTTP for bytes
+// that do not start like a request (httpShaped). Bytes that do are read
+// strictly: the request line is METHOD SP TARGET SP HTTP/1.0 or HTTP/1.1
+// with any method token, every line ends in CRLF, header names are tokens
+// followed at once by ":", values hold no control bytes. Two Host headers,
+// a Host that disagrees with an absolute-form target, or obsolete line
+// folding are errors too: a proxy and a server could read them differently.
+func parseHTTPHead(b []byte) (Head, error) {
+	shaped, more := httpShaped(b)
+	if more {
+		if len(b) >= MaxPeek {
+			return Head{}, fmt.Errorf("HTTP request line longer than %d bytes", MaxPeek)
+		}
+		return Head{}, errNeedMore
+	}
+	if !shaped {
 		return Head{}, errNotHTTP
 	}
+	if b[0] == '\r' || b[0] == '\n' {
+		return Head{}, errors.New("malformed HTTP request: empty lines before the request line")
+	}
 	end := bytes.Index(b, []byte("\r\n\r\n"))
+	head := b
+	if end >= 0 {
+		head = b[:end+2]
+	}
+	for i, c := range head {
+		switch {
+		case c == '\n' && (i == 0 || head[i-1] != '\r'):
+			return Head{}, errors.New("malformed HTTP request: a line ends in LF without CR")
+		case c == '\r' && i+1 < len(head) && head[i+1] != '\n':
+			return Head{}, errors.New("malformed HTTP request: a CR not followed by LF")
+		case c < ' ' && c != '\t' && c != '\r' && c != '\n', c == 0x7f:
+			return Head{}, fmt.Errorf("malformed HTTP request: control byte %#x", c)
+		}
+	}
 	if end < 0 {
 		if len(b) >= MaxPeek {
 			return Head{}, fmt.Errorf("HTTP request head longer than %d bytes", MaxPeek)
@@ -186,8 +287,13 @@ func parseHTTPHead(b []byte) (Head, error) {
 	}
 	lines := strings.Split(string(b[:end]), "\r\n")
 	parts := strings.Split(lines[0], " ")
-	if len(parts) != 3 || !strings.HasPrefix(parts[2], "HTTP/1.") || parts[1] == "" {
-		return Head{}, errNotHTTP
+	if len(parts) != 3 || !isToken([]byte(parts[0])) || parts[1] == "" || parts[2] != "HTTP/1.1" && parts[2] != "HTTP/1.0" {
+		return Head{}, fmt.Errorf("malformed HTTP request line %q: want METHOD SP TARGET SP HTTP/1.1", truncate(lines[0], 60))
+	}
+	for _, c := range []byte(parts[1]) {
+		if c <= ' ' || c >= 0x7f {
+			return Head{}, errors.New("malformed HTTP request target")
+		}
 	}
 	h := Head{Method: parts[0], Target: parts[1]}
 	var hosts []string
@@ -250,11 +356,16 @@ func isToken(b []byte) bool {
 		return false
 	}
 	for _, c := range b {
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+		if !isTChar(c) {
 			return false
 		}
 	}
 	return true
+}
+
+// isTChar reports a byte of an RFC 9110 token (a method, a header name).
+func isTChar(c byte) bool {
+	return c > ' ' && c < 0x7f && strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) < 0
 }
 
 func truncate(s string, n int) string {

@@ -106,6 +106,9 @@ type Config struct {
 	// OnRequest receives one record per intercepted request; it must not
 	// block.
 	OnRequest func(RequestRecord)
+	// AllowECH reports whether the sandbox lets a ClientHello with
+	// encrypted_client_hello be spliced (allow_ech); nil means it does not.
+	AllowECH func() bool
 	// IsLocal reports an address of this host; such upstreams are refused
 	// like loopback (the host's own services). nil means none.
 	IsLocal func(netip.Addr) bool
@@ -283,7 +286,9 @@ type conn struct {
 	peeked []byte
 	hello  *Hello
 	head   *Head
-	start  time.Time
+	// h2c: the client opened with the HTTP/2 preface (prior knowledge).
+	h2c   bool
+	start time.Time
 	// silent: the client sent nothing within the sniff window; its first
 	// bytes are checked whenever they come, before they go upstream.
 	silent bool
@@ -351,6 +356,14 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	}
 	c.rec.Host = host
 	c.rec.LLM = policy.IsLLMHost(host)
+	// On the web's ports the client speaks first, and speaks HTTP or TLS:
+	// bytes airlock cannot read there are refused, never carried as
+	// "another protocol" past the Host and SNI checks (design §8,
+	// invariant 10).
+	if isWebPort(dst.Port()) && !c.silent && !c.readable() {
+		p.deny(c, fmt.Sprintf("on port %d airlock carries only HTTP and TLS it can read, and these bytes are neither", dst.Port()), policy.Decision{})
+		return
+	}
 
 	q := policy.Query{Source: c.rec.Source, Host: host, Port: dst.Port()}
 	d := p.cfg.Policy.Decide(q)
@@ -359,22 +372,24 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	}
 	inspectAll := p.cfg.InspectAll != nil && p.cfg.InspectAll()
 	needL7 := d.Verdict == policy.NeedsL7
-	approved := false
+	// Plain HTTP (HTTP/1.x, or HTTP/2 with prior knowledge) is always
+	// served request by request, so a later request on the connection
+	// cannot name another host; so is TLS that is intercepted whatever the
+	// rules say. Such connections are not asked about: each of their
+	// requests is, with its method and URL, so that allowing it once
+	// covers exactly the request a person saw.
+	requests := name != "" && (c.head != nil || c.h2c || c.hello != nil && inspectAll)
 	switch d.Verdict {
 	case policy.Allow, policy.NeedsL7:
 	case policy.Ask:
+		if requests {
+			break
+		}
 		if p.cfg.Approvals == nil {
 			p.deny(c, "no rule matched and nobody can be asked", d)
 			return
 		}
 		url := host + ":" + strconv.Itoa(int(dst.Port()))
-		if c.head != nil {
-			url = "http://" + host
-			if dst.Port() != 80 {
-				url += ":" + strconv.Itoa(int(dst.Port()))
-			}
-			url += c.head.Target
-		}
 		out := p.cfg.Approvals.Ask(p.ctx, policy.AskRequest{Source: c.rec.Source, Host: host, Port: dst.Port(), URL: url})
 		if out.Rule != nil {
 			c.rec.Rule = out.Rule.Pattern.String()
@@ -384,7 +399,6 @@ func (p *Proxy) handle(client *net.TCPConn) {
 			return
 		}
 		c.rec.Reason = out.Reason
-		approved = out.Rule == nil // allowed once
 		// What the person allowed may itself have path rules.
 		needL7 = p.cfg.Policy.Decide(q).Verdict == policy.NeedsL7
 	default:
@@ -393,17 +407,18 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	}
 	inspect := needL7 || inspectAll
 	switch {
-	case name != "" && (c.head != nil || inspect && c.hello != nil):
-		// Plain HTTP is always served request by request, so a later
-		// request on the connection cannot name another host; TLS when
-		// rules or inspect: all need it.
+	case requests || name != "" && inspect && c.hello != nil:
 		if c.rec.Reason == "" {
 			c.rec.Reason = "intercepted: " + d.Reason.String()
 		}
-		p.bump(c, host, dst.Port(), approved)
+		p.bump(c, host, dst.Port())
 		return
 	case needL7:
 		p.deny(c, "rules for this host look at requests, but the connection did not start with TLS or HTTP", d)
+		return
+	}
+	if err := p.checkECH(c); err != nil {
+		p.deny(c, err.Error(), policy.Decision{})
 		return
 	}
 
@@ -422,6 +437,26 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	}
 	p.mu.Unlock()
 	p.splice(c, up, name, inspect)
+}
+
+// checkECH refuses a ClientHello with encrypted_client_hello on its way to
+// be spliced, unless the sandbox allows it: the server would act on the
+// inner hello's name, which airlock cannot read (design §8, invariant 11).
+func (p *Proxy) checkECH(c *conn) error {
+	if c.hello == nil || !c.hello.ECH || p.cfg.AllowECH != nil && p.cfg.AllowECH() {
+		return nil
+	}
+	return errors.New("the ClientHello is encrypted (ECH): the server would act on a name airlock cannot read; set allow_ech: true in the sandbox's policy to let it through")
+}
+
+// isWebPort reports a port where clients speak first, and speak HTTP or
+// TLS.
+func isWebPort(port uint16) bool {
+	switch port {
+	case 80, 443, 8080, 8443:
+		return true
+	}
+	return false
 }
 
 // claimedName is the name the client's first bytes ask for: the SNI, or
@@ -471,26 +506,12 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 		m, err := c.client.Read(buf[n:])
 		n += m
 		if n > 0 {
-			h, herr := parseClientHello(buf[:n])
-			if herr == nil {
-				c.hello = &h
-				break
+			done, err := c.classify(buf[:n])
+			if err != nil {
+				return err
 			}
-			hd, perr := parseHTTPHead(buf[:n])
-			if perr == nil {
-				c.head = &hd
+			if done {
 				break
-			}
-			tlsDone := herr != errNeedMore
-			httpDone := perr != errNeedMore
-			if tlsDone && httpDone {
-				if !errors.Is(herr, errNotTLS) {
-					return fmt.Errorf("bad TLS ClientHello: %v", herr)
-				}
-				if !errors.Is(perr, errNotHTTP) {
-					return fmt.Errorf("bad HTTP request: %v", perr)
-				}
-				break // another protocol: no name in it
 			}
 			if n == len(buf) {
 				return fmt.Errorf("no complete ClientHello or HTTP head in %d bytes", n)
@@ -523,6 +544,56 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 	c.client.SetReadDeadline(time.Time{})
 	return nil
 }
+
+// classify reads the client's first bytes as a TLS ClientHello, the HTTP/2
+// preface, an HTTP/1.x request head or another protocol, and reports
+// whether they are whole. Bytes that start like TLS or HTTP must be read to
+// the end: a server may act on what the proxy could not read, so a
+// malformed one is an error, never "another protocol" (design §8,
+// invariants 10 and 11).
+func (c *conn) classify(b []byte) (bool, error) {
+	if tlsShaped(b[0]) {
+		h, err := parseClientHello(b)
+		switch {
+		case err == errNeedMore:
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("bad TLS first flight: %v", err)
+		}
+		c.hello = &h
+		return true, nil
+	}
+	if b[0]&0x80 != 0 {
+		// An SSL 2 record header, maybe: its third byte says.
+		if len(b) < 3 {
+			return false, nil
+		}
+		if b[2] == 1 {
+			return false, errors.New("bad TLS first flight: an SSL 2 ClientHello")
+		}
+	}
+	switch h2c, err := parseH2CPreface(b); {
+	case err == errNeedMore:
+		return false, nil
+	case h2c:
+		c.h2c = true
+		return true, nil
+	}
+	hd, err := parseHTTPHead(b)
+	switch {
+	case err == errNeedMore:
+		return false, nil
+	case errors.Is(err, errNotHTTP):
+		return true, nil // another protocol: no name in it
+	case err != nil:
+		return false, fmt.Errorf("bad HTTP request: %v", err)
+	}
+	c.head = &hd
+	return true, nil
+}
+
+// readable reports whether the first bytes were read as TLS or HTTP.
+func (c *conn) readable() bool { return c.hello != nil || c.head != nil || c.h2c }
 
 // dial resolves host (unless it is a raw IP the policy allowed) and
 // connects to the first address the SSRF guard lets through.
@@ -672,8 +743,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 // sniffWindow is SniffTimeout, or ten times it on a port where the client
 // always speaks first.
 func (p *Proxy) sniffWindow(port uint16) time.Duration {
-	switch port {
-	case 80, 443, 8080, 8443:
+	if isWebPort(port) {
 		return 10 * p.cfg.SniffTimeout
 	}
 	return p.cfg.SniffTimeout
@@ -688,12 +758,17 @@ func (p *Proxy) firstBytes(c *conn, name string, inspect bool) error {
 		return err
 	}
 	switch {
-	case c.hello == nil && c.head == nil:
+	case !c.readable() && isWebPort(c.rec.Port):
+		return fmt.Errorf("on port %d airlock carries only HTTP and TLS it can read, and these bytes are neither", c.rec.Port)
+	case !c.readable():
 		return nil // another protocol, carried as it is
-	case c.head != nil:
+	case c.head != nil, c.h2c:
 		return errors.New("plain HTTP must start at once to be checked request by request; reconnect and send the request right away")
 	case inspect:
 		return errors.New("TLS that must be intercepted has to start at once; reconnect and send the ClientHello right away")
+	}
+	if err := p.checkECH(c); err != nil {
+		return err
 	}
 	return c.fronting(name)
 }

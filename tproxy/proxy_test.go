@@ -60,6 +60,7 @@ type upstream struct {
 	caFile              string
 	mu                  sync.Mutex
 	seen                []string // "Host path" of each request
+	uris                []string // the request target of each, as received
 	seenAt              []time.Time
 	tlsSrv              *http.Server
 	tlsConns            atomic.Int32 // TLS connections accepted
@@ -80,6 +81,7 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 	}
 	u.mu.Lock()
 	u.seen = append(u.seen, r.Host+" "+r.URL.Path)
+	u.uris = append(u.uris, r.RequestURI)
 	u.seenAt = append(u.seenAt, time.Now())
 	u.mu.Unlock()
 	switch path.Base(r.URL.Path) {
@@ -314,12 +316,28 @@ func TestProxyAskAllowOnceReleasesFast(t *testing.T) {
 		t.Errorf("pending = %+v", p[0])
 	}
 	decided := time.Now()
-	if _, err := h.broker.Decide(p[0].ID, policy.Choice{Action: policy.ResolveAllowOnce}); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 3; i++ {
+	// Allow once lets one connection through; the others are asked about
+	// again, one approval each time.
+	for waiting := 3; waiting > 0; waiting-- {
+		var q []policy.Pending
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if q = h.broker.List(); len(q) == 1 && q[0].Waiting == waiting {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pending = %+v, want one approval with %d waiting", q, waiting)
+			}
+		}
+		if _, err := h.broker.Decide(q[0].ID, policy.Choice{Action: policy.ResolveAllowOnce}); err != nil {
+			t.Fatal(err)
+		}
 		if r := <-done; r.err != nil || r.out != "internet" {
 			t.Errorf("held connection after allow once: %v %q", r.err, r.out)
+		}
+		select {
+		case r := <-done:
+			t.Errorf("a second connection went through on one allow once: %v %q", r.err, r.out)
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	up.mu.Lock()
@@ -405,9 +423,11 @@ func TestProxyServerSpeaksFirst(t *testing.T) {
 	if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "SSH-2.0-test\r\n" {
 		t.Fatalf("banner %q %v", banner, err)
 	}
-	c.Write([]byte("echo"))
-	got := make([]byte, 4)
-	if _, err := io.ReadFull(c, got); err != nil || string(got) != "echo" {
+	// A line: a lone word could still become an HTTP request line, which
+	// the proxy must read before anything goes upstream.
+	c.Write([]byte("echo\r\n"))
+	got := make([]byte, 6)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "echo\r\n" {
 		t.Errorf("echo %q %v", got, err)
 	}
 }

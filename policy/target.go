@@ -1,0 +1,128 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrAmbiguousPath is wrapped by CanonicalTarget's errors for a request
+// target that servers read in more than one way.
+var ErrAmbiguousPath = errors.New("ambiguous request path")
+
+// CanonicalTarget returns the one form of an HTTP request target that the
+// proxy decides on and forwards, or an error for a target whose reading is
+// ambiguous. Deciding on one spelling and forwarding another lets a path
+// that passes a rule reach something else upstream (design §5.6), so a
+// target is either rewritten to a form every server reads the same way, or
+// refused:
+//
+//   - refused: anything but an absolute path (origin-form; the path of an
+//     absolute-form target), empty segments ("//"), "." and ".." segments
+//     (also with ";" parameters: Tomcat reads "/..;/" as "/../"), encoded
+//     dots, slashes and backslashes ("%2e", "%2f", "%5c"), an encoded
+//     percent ("%25": a second decoding would make any of them), an encoded
+//     NUL, backslashes, control bytes, a stray "%" and a fragment;
+//   - rewritten: escapes of letters, digits, "-", "_" and "~" are decoded
+//     (they mean the same encoded or not), the hex of other escapes is upper
+//     case, and bytes RFC 3986 does not allow in a path (outside ASCII,
+//     quotes, braces, …) are escaped.
+//
+// The query is kept as it was sent, but must hold no control bytes, spaces
+// or "#". The result is path[?query].
+func CanonicalTarget(target string) (string, error) {
+	if target == "" {
+		return "", fmt.Errorf("%w: empty request target", ErrAmbiguousPath)
+	}
+	if rest, ok := cutHTTPScheme(target); ok {
+		i := strings.IndexAny(rest, "/?#")
+		if i < 0 {
+			return "/", nil
+		}
+		if rest[i] != '/' {
+			target = "/" + rest[i:]
+		} else {
+			target = rest[i:]
+		}
+	}
+	if target[0] != '/' {
+		return "", fmt.Errorf("%w: the request target %q is not an absolute path", ErrAmbiguousPath, truncate(target, 60))
+	}
+	path, query, hasQuery := strings.Cut(target, "?")
+	for i := 0; i < len(query); i++ {
+		if c := query[i]; c <= ' ' || c == 0x7f || c == '#' {
+			return "", fmt.Errorf("%w: the query holds a control byte, a space or a fragment", ErrAmbiguousPath)
+		}
+	}
+	var b strings.Builder
+	b.Grow(len(target))
+	for i := 0; i < len(path); i++ {
+		c := path[i]
+		switch {
+		case c == '%':
+			if i+2 >= len(path) || !isHex(path[i+1]) || !isHex(path[i+2]) {
+				return "", fmt.Errorf("%w: a %% that starts no escape", ErrAmbiguousPath)
+			}
+			v := unhex(path[i+1])<<4 | unhex(path[i+2])
+			switch {
+			case v == '.', v == '/', v == '\\', v == '%', v == 0:
+				return "", fmt.Errorf("%w: an encoded %q (%%%c%c); send it unencoded, or not at all", ErrAmbiguousPath, rune(v), upperHex(path[i+1]), upperHex(path[i+2]))
+			case 'a' <= v && v <= 'z', 'A' <= v && v <= 'Z', '0' <= v && v <= '9', v == '-', v == '_', v == '~':
+				b.WriteByte(v)
+			default:
+				b.WriteByte('%')
+				b.WriteByte(upperHex(path[i+1]))
+				b.WriteByte(upperHex(path[i+2]))
+			}
+			i += 2
+		case c == '\\':
+			return "", fmt.Errorf("%w: a backslash, which some servers read as /", ErrAmbiguousPath)
+		case c < ' ' || c == 0x7f:
+			return "", fmt.Errorf("%w: a control byte", ErrAmbiguousPath)
+		case c == ' ' || c == '#':
+			return "", fmt.Errorf("%w: a space or a fragment", ErrAmbiguousPath)
+		case isPathChar(c):
+			b.WriteByte(c)
+		default:
+			const hex = "0123456789ABCDEF"
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		}
+	}
+	canon := b.String()
+	for _, seg := range strings.Split(canon[1:], "/")[:strings.Count(canon, "/")-1] {
+		if seg == "" {
+			return "", fmt.Errorf("%w: an empty segment (//), which servers fold differently", ErrAmbiguousPath)
+		}
+	}
+	for _, seg := range strings.Split(canon[1:], "/") {
+		name, _, _ := strings.Cut(seg, ";")
+		if name == "." || name == ".." {
+			return "", fmt.Errorf("%w: a %q segment; send the path it stands for", ErrAmbiguousPath, name)
+		}
+	}
+	if hasQuery {
+		canon += "?" + query
+	}
+	return canon, nil
+}
+
+func cutHTTPScheme(target string) (string, bool) {
+	for _, s := range []string{"http://", "https://"} {
+		if len(target) >= len(s) && strings.EqualFold(target[:len(s)], s) {
+			return target[len(s):], true
+		}
+	}
+	return "", false
+}
+
+// isPathChar reports a byte RFC 3986 allows unescaped in a path segment
+// or as its separator: unreserved, sub-delims, ":", "@" and "/".
+func isPathChar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("-._~!$&'()*+,;=:@/", c) >= 0
+}

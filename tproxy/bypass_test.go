@@ -1,0 +1,453 @@
+package tproxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/airlockhq/airlock/policy"
+)
+
+// The second round of bypasses (design §8, invariants 9 to 13): each test
+// speaks to the proxy with bytes written by hand and checks what the test
+// upstream received.
+
+// pathPolicy allows api.allowed.test/v1/* on port, denies /v1/admin/*
+// there, and denies everything else.
+func pathPolicy(port uint16) string {
+	return fmt.Sprintf(`sandbox:
+  unknown_action: deny
+  network_allowlist:
+    user:
+      - pattern: "cidr:127.0.0.1/32:%[1]d"
+      - pattern: "api.allowed.test:%[1]d/v1/*"
+  network_denylist:
+    - pattern: "api.allowed.test:%[1]d/v1/admin/*"
+`, port)
+}
+
+var pathForms = []struct {
+	name, target string
+	want         string // what the upstream must receive; "" means refused with 403
+}{
+	{"plain", "/v1/x", "/v1/x"},
+	{"query kept as sent", "/v1/x?a=../../admin&b=%2F", "/v1/x?a=../../admin&b=%2F"},
+	{"escaped letters forwarded decoded", "/v1/%61bc", "/v1/abc"},
+	{"escapes forwarded upper-case", "/v1/a%3ab", "/v1/a%3Ab"},
+	{"empty segment before dot-dot", "/v1//../admin", ""},
+	{"empty segment", "/v1//x", ""},
+	{"leading empty segment", "//v1/x", ""},
+	{"dot-dot", "/v1/../admin", ""},
+	{"dot", "/v1/./x", ""},
+	{"dot-dot at the end", "/v1/x/..", ""},
+	{"encoded dots", "/v1/%2e%2e/admin", ""},
+	{"mixed encoded dot", "/v1/.%2E/admin", ""},
+	{"encoded slashes", "/v1%2f..%2fadmin", ""},
+	{"encoded backslash", "/v1/..%5cadmin", ""},
+	{"backslashes", `/v1\..\admin`, ""},
+	{"double-encoded dots", "/v1/%252e%252e/admin", ""},
+	{"dot-dot with a parameter", "/v1/..;/admin", ""},
+	{"encoded NUL", "/v1/x%00", ""},
+	{"stray percent", "/v1/50%", ""},
+	{"deny rule", "/v1/admin/x", ""},
+	{"deny rule, escaped letter", "/v1/%61dmin/x", ""},
+	{"outside the rule", "/v2/x", ""},
+	{"asterisk", "*", ""},
+}
+
+// TestPathFormsOverHTTP1 writes each request line byte by byte over an
+// intercepted connection: an ambiguous path gets a 403 and never reaches
+// the upstream, and an allowed one arrives in the form that was decided.
+func TestPathFormsOverHTTP1(t *testing.T) {
+	up := startUpstream(t)
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), up.httpsPort), pathPolicy(up.httpsPort))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	dial := dialAPI(t, h, roots)
+	for _, tc := range pathForms {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(up.uriList())
+			c, r := dial()
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: api.allowed.test:%d\r\nConnection: close\r\n\r\n", tc.target, up.httpsPort)
+			resp, err := http.ReadResponse(r, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			got := up.uriList()[before:]
+			if tc.want == "" {
+				// 403 from airlock; Go's own server answers 400 to
+				// what it cannot parse at all (a stray %).
+				if resp.StatusCode != http.StatusForbidden && resp.StatusCode != http.StatusBadRequest || len(got) != 0 {
+					t.Errorf("GET %q: %d %q, upstream got %q; want a 403 and nothing upstream", tc.target, resp.StatusCode, body, got)
+				}
+				return
+			}
+			if resp.StatusCode != 200 || !slices.Equal(got, []string{tc.want}) {
+				t.Errorf("GET %q: %d, upstream got %q; want 200 and %q", tc.target, resp.StatusCode, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPathFormsOverHTTP2 sends the same paths as HTTP/2 :path values.
+func TestPathFormsOverHTTP2(t *testing.T) {
+	up := startUpstream(t)
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), up.httpsPort), pathPolicy(up.httpsPort))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	for _, tc := range pathForms {
+		if tc.target == "*" {
+			continue // not a :path of a GET
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(up.uriList())
+			c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"h2"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			status := h2Get(t, c, fmt.Sprintf("api.allowed.test:%d", up.httpsPort), tc.target)
+			got := up.uriList()[before:]
+			if tc.want == "" {
+				if status != "403" && !strings.HasPrefix(status, "reset") || len(got) != 0 {
+					t.Errorf(":path %q: %s, upstream got %q; want a 403 and nothing upstream", tc.target, status, got)
+				}
+				return
+			}
+			if status != "200" || !slices.Equal(got, []string{tc.want}) {
+				t.Errorf(":path %q: %s, upstream got %q; want 200 and %q", tc.target, status, got, tc.want)
+			}
+		})
+	}
+}
+
+// h2Get sends one GET with a :path written as it is over an HTTP/2
+// connection (preface included) and returns the response's :status.
+func h2Get(t *testing.T, c net.Conn, authority, path string) string {
+	t.Helper()
+	return h2Request(t, c, "https", authority, path)
+}
+
+func h2Request(t *testing.T, c net.Conn, scheme, authority, path string) string {
+	t.Helper()
+	io.WriteString(c, http2.ClientPreface)
+	fr := http2.NewFramer(c, c)
+	fr.WriteSettings()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "GET"}, {":scheme", scheme}, {":authority", authority}, {":path", path}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	dec := hpack.NewDecoder(4096, nil)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				fr.WriteSettingsAck()
+			}
+		case *http2.HeadersFrame:
+			fields, err := dec.DecodeFull(f.HeaderBlockFragment())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, hf := range fields {
+				if hf.Name == ":status" {
+					return hf.Value
+				}
+			}
+		case *http2.RSTStreamFrame:
+			return "reset: " + f.ErrCode.String()
+		case *http2.GoAwayFrame:
+			return "goaway: " + f.ErrCode.String()
+		}
+	}
+}
+
+func (u *upstream) uriList() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.uris)
+}
+
+// TestPlainHTTPFrontingIsParsedOrRefused: on a connection made to the fake
+// IP of an allowed host, requests in any spelling (any method token,
+// HTTP/2 with prior knowledge, bare LF, pipelined) that name another host
+// never reach any upstream as that host.
+func TestPlainHTTPFrontingIsParsedOrRefused(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpPort
+	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
+	other := "other.test:" + fmt.Sprint(port)
+	for _, tc := range []struct{ name, raw string }{
+		{"uncommon method", "FOO / HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
+		{"method with a hyphen", "M-SEARCH / HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
+		{"long method", strings.Repeat("G", 40) + " / HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
+		{"lower-case method", "get / HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
+		{"bare LF", "GET / HTTP/1.1\nHost: " + other + "\n\n"},
+		{"bare LF, then CRLF CRLF", "GET / HTTP/1.1\nHost: " + other + "\n\nX\r\n\r\n"},
+		{"bare CR", "GET / HTTP/1.1\rHost: " + other + "\r\n\r\n"},
+		{"empty line first", "\r\nGET / HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
+		{"tabs", "GET\t/\tHTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
+		{"absolute form", "GET http://" + other + "/ HTTP/1.1\r\n\r\n"},
+		{"pipelined", "GET / HTTP/1.1\r\nHost: allowed.test:" + fmt.Sprint(port) + "\r\n\r\nGET /x HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
+		{"HTTP/1.0 without Host, then one with", "GET / HTTP/1.0\r\n\r\nGET / HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp4", h.proxy.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.WriteString(c, tc.raw)
+			io.Copy(io.Discard, c)
+			for _, s := range up.requests() {
+				if strings.HasPrefix(s, "other.test") {
+					t.Fatalf("the upstream served %q", s)
+				}
+			}
+		})
+	}
+	// HTTP/2 with prior knowledge is served request by request: an
+	// :authority of the allowed host is carried, another is refused.
+	for _, tc := range []struct{ authority, want string }{
+		{"allowed.test:" + fmt.Sprint(port), "200"},
+		{other, "403"},
+	} {
+		c, err := net.Dial("tcp4", h.proxy.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if got := h2Request(t, c, "http", tc.authority, "/h2c"); got != tc.want {
+			t.Errorf("h2c :authority %s: %s, want %s", tc.authority, got, tc.want)
+		}
+		c.Close()
+	}
+	for _, s := range up.requests() {
+		if strings.HasPrefix(s, "other.test") {
+			t.Errorf("the upstream served %q", s)
+		}
+	}
+	if !slices.Contains(up.requests(), "allowed.test:"+fmt.Sprint(port)+" /h2c") {
+		t.Errorf("h2c to the allowed host did not arrive: %q", up.requests())
+	}
+}
+
+// TestWebPortCarriesOnlyHTTPAndTLS: on port 80 and 443 bytes that are
+// neither are refused, where another port splices them.
+func TestWebPortCarriesOnlyHTTPAndTLS(t *testing.T) {
+	up := startUpstream(t)
+	for _, port := range []uint16{80, 443, 8080, 8443} {
+		h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
+		for _, raw := range []string{"\x00\x01binary", "HELLO\r\n", "SSH-2.0-x y\r\n"} {
+			c, err := net.Dial("tcp4", h.proxy.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.WriteString(c, raw)
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+		waitRecords(t, h, 3)
+		for _, r := range h.Records() {
+			if r.Verdict != "deny" || !strings.Contains(r.Reason, "only HTTP and TLS") {
+				t.Errorf("port %d: record %+v, want a refusal of bytes that are neither HTTP nor TLS", port, r)
+			}
+		}
+	}
+}
+
+func waitRecords(t *testing.T, h *harness, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); len(h.Records()) < n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("records = %+v, want %d", h.Records(), n)
+		}
+	}
+}
+
+// record wraps a handshake message (or any payload) in a TLS record.
+func tlsRecord(typ byte, version uint16, payload []byte) []byte {
+	b := []byte{typ, byte(version >> 8), byte(version), byte(len(payload) >> 8), byte(len(payload))}
+	return append(b, payload...)
+}
+
+// helloMessage returns the handshake message (header included) of a Go
+// client's ClientHello for sni.
+func helloMessage(t testing.TB, sni string) []byte {
+	rec := clientHello(t, sni, "http/1.1")
+	n := int(rec[3])<<8 | int(rec[4])
+	if len(rec) != 5+n {
+		t.Fatalf("the hello takes %d bytes beyond its record", len(rec)-5-n)
+	}
+	return rec[5:]
+}
+
+// withExtension appends an extension to a ClientHello handshake message.
+func withExtension(msg []byte, typ uint16, data []byte) []byte {
+	body := msg[4:]
+	// Skip version, random, session id, suites, compression.
+	i := 2 + 32
+	i += 1 + int(body[i])
+	i += 2 + int(binary.BigEndian.Uint16(body[i:]))
+	i += 1 + int(body[i])
+	extLen := int(binary.BigEndian.Uint16(body[i:]))
+	ext := binary.BigEndian.AppendUint16(nil, typ)
+	ext = binary.BigEndian.AppendUint16(ext, uint16(len(data)))
+	ext = append(ext, data...)
+	nb := append([]byte(nil), body[:i]...)
+	nb = binary.BigEndian.AppendUint16(nb, uint16(extLen+len(ext)))
+	nb = append(nb, body[i+2:]...)
+	nb = append(nb, ext...)
+	return append([]byte{1, byte(len(nb) >> 16), byte(len(nb) >> 8), byte(len(nb))}, nb...)
+}
+
+// withVersion sets a ClientHello message's legacy_version.
+func withVersion(msg []byte, v uint16) []byte {
+	out := append([]byte(nil), msg...)
+	binary.BigEndian.PutUint16(out[4:], v)
+	return out
+}
+
+// TestTLSFirstFlightsBuiltByHand: a connection to an allowed host's fake
+// IP whose first flight is not a plain ClientHello airlock has read (whose
+// name the upstream would act on) is refused, and the upstream gets no
+// connection at all.
+func TestTLSFirstFlightsBuiltByHand(t *testing.T) {
+	other := helloMessage(t, "other.test")
+	allowed := helloMessage(t, "allowed.test")
+	half := len(other) / 2
+	for _, tc := range []struct {
+		name    string
+		flight  []byte
+		ech     bool // allow_ech
+		spliced bool
+	}{
+		{name: "control: a plain hello", flight: tlsRecord(0x16, 0x0301, allowed), spliced: true},
+		{name: "control: split over two records", flight: append(tlsRecord(0x16, 0x0303, allowed[:40]), tlsRecord(0x16, 0x0303, allowed[40:])...), spliced: true},
+		{name: "record version 3.0", flight: tlsRecord(0x16, 0x0300, other)},
+		{name: "record version 3.4", flight: tlsRecord(0x16, 0x0304, other)},
+		{name: "record version 2.0", flight: tlsRecord(0x16, 0x0200, other)},
+		{name: "record version 0.0", flight: tlsRecord(0x16, 0x0000, other)},
+		{name: "change_cipher_spec first", flight: append(tlsRecord(0x14, 0x0303, []byte{1}), tlsRecord(0x16, 0x0301, other)...)},
+		{name: "alert first", flight: append(tlsRecord(0x15, 0x0303, []byte{1, 0}), tlsRecord(0x16, 0x0301, other)...)},
+		{name: "application data first", flight: append(tlsRecord(0x17, 0x0303, []byte("x")), tlsRecord(0x16, 0x0301, other)...)},
+		{name: "heartbeat first", flight: append(tlsRecord(0x18, 0x0303, []byte{1, 0, 0}), tlsRecord(0x16, 0x0301, other)...)},
+		{name: "an alert between the halves", flight: append(append(tlsRecord(0x16, 0x0301, other[:half]), tlsRecord(0x15, 0x0303, []byte{1, 0})...), tlsRecord(0x16, 0x0301, other[half:])...)},
+		{name: "split, another host", flight: append(tlsRecord(0x16, 0x0303, other[:40]), tlsRecord(0x16, 0x0303, other[40:])...)},
+		{name: "two hellos in one record", flight: tlsRecord(0x16, 0x0301, append(append([]byte(nil), allowed...), other...))},
+		{name: "trailing bytes in the record", flight: tlsRecord(0x16, 0x0301, append(append([]byte(nil), allowed...), 0, 0, 0))},
+		{name: "hello version 3.0", flight: tlsRecord(0x16, 0x0301, withVersion(allowed, 0x0300))},
+		{name: "hello version 3.4", flight: tlsRecord(0x16, 0x0301, withVersion(allowed, 0x0304))},
+		{name: "encrypted client hello", flight: tlsRecord(0x16, 0x0301, withExtension(allowed, 0xfe0d, []byte{0, 1, 2, 3}))},
+		{name: "encrypted client hello, allowed by the sandbox", flight: tlsRecord(0x16, 0x0301, withExtension(allowed, 0xfe0d, []byte{0, 1, 2, 3})), ech: true, spliced: true},
+		{name: "SSL 2 client hello", flight: []byte{0x80, 0x2e, 0x01, 0x00, 0x02, 0x00, 0x15, 0x00, 0x00, 0x00, 0x10}},
+		{name: "another host", flight: tlsRecord(0x16, 0x0301, other)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startUpstream(t)
+			port := up.httpsPort
+			h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)),
+				func(c *Config) { c.AllowECH = func() bool { return tc.ech } })
+			c, err := net.Dial("tcp4", h.proxy.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			// Byte by byte, so that every prefix is read too.
+			for i := range tc.flight {
+				if _, err := c.Write(tc.flight[i : i+1]); err != nil {
+					break
+				}
+			}
+			// A spliced connection gets the upstream's answer (an alert
+			// or a ServerHello); a refused one is reset.
+			bufio.NewReader(c).ReadByte()
+			c.Close()
+			waitRecords(t, h, 1)
+			r := h.Records()[0]
+			if got := up.tlsConns.Load(); tc.spliced != (got > 0) || tc.spliced != (r.Verdict == "allow") {
+				t.Errorf("upstream connections %d, record %+v; want spliced=%v", got, r, tc.spliced)
+			}
+		})
+	}
+}
+
+// TestAllowOnceCoversOneRequest: a plain HTTP request allowed once lets
+// through that request only; the next request on the same connection
+// (another method and path) is asked about again.
+func TestAllowOnceCoversOneRequest(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpPort
+	h := newHarness(t, up, netip.AddrPortFrom(fake("unknown.test"), port), rules(port), nil)
+	c, err := net.Dial("tcp4", h.proxy.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	host := fmt.Sprintf("unknown.test:%d", port)
+	pending := func(method, url string) policy.Pending {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if p := h.broker.List(); len(p) == 1 {
+				if p[0].Method != method || p[0].URL != url {
+					t.Fatalf("pending %s %s, want %s %s", p[0].Method, p[0].URL, method, url)
+				}
+				return p[0]
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no pending approval for %s %s", method, url)
+			}
+		}
+	}
+	fmt.Fprintf(c, "GET /a HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	p := pending("GET", "http://"+host+"/a")
+	if _, err := h.broker.Decide(p.ID, policy.Choice{Action: policy.ResolveAllowOnce}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the request allowed once: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	// Another method and path on the same connection: asked again, denied.
+	fmt.Fprintf(c, "POST /b HTTP/1.1\r\nHost: %s\r\nContent-Length: 1\r\n\r\nx", host)
+	p = pending("POST", "http://"+host+"/b")
+	if _, err := h.broker.Decide(p.ID, policy.Choice{Action: policy.ResolveDeny}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.ReadResponse(r, nil); err != nil || resp.StatusCode != 403 {
+		t.Fatalf("the second request: %v %v, want 403", resp, err)
+	}
+	if got := up.requests(); !slices.Equal(got, []string{host + " /a"}) {
+		t.Errorf("the upstream got %q, want only the request allowed once", got)
+	}
+}
