@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,5 +95,33 @@ func TestRunRefusesWithoutHiddenState(t *testing.T) {
 	r := w.Run(bad, sbC, "agent", 20*time.Second, "echo", "ran")
 	if r.Code == 0 || strings.Contains(r.Stdout, "ran") || !strings.Contains(r.Stderr, "hide "+notDir+" from the member: not a directory") {
 		t.Errorf("airlock run with state_dir a file: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+// TestRunScrubsAirlockEnv: `airlock run` passes the caller's environment to
+// the member, but none of airlock's own variables: the API token a caller
+// exported (AIRLOCK_TOKEN) and the ways to the daemon (AIRLOCK_API,
+// AIRLOCK_CONFIG, AIRLOCK_TOKEN_FILE) never reach a member, which could
+// send them to any allowed host.
+func TestRunScrubsAirlockEnv(t *testing.T) {
+	w, cfg, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := w.Command(ctx, cfg, sbC, "agent", "env")
+	cmd.Env = append(os.Environ(), "AIRLOCK_TOKEN=sekrit-token", "AIRLOCK_API=http://127.0.0.1:7433", "AIRLOCK_TOKEN_FILE="+filepath.Join(w.Dir, "state", "token"),
+		"airlock_token=sekrit-lower", "FOO=bar")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("airlock run env: %v\n%s", err, out)
+	}
+	env := string(out)
+	if !strings.Contains(env, "\nFOO=bar\n") {
+		t.Errorf("the caller's FOO=bar did not reach the member:\n%s", env)
+	}
+	for _, line := range strings.Split(env, "\n") {
+		name, _, _ := strings.Cut(line, "=")
+		if strings.Contains(line, "sekrit") || strings.HasPrefix(strings.ToUpper(name), "AIRLOCK_") && name != "AIRLOCK_SANDBOX" {
+			t.Errorf("the member's environment holds %q", line)
+		}
 	}
 }

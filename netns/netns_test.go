@@ -199,3 +199,13 @@ func TestWithin(t *testing.T) {
 		}
 	}
 }
+
+func TestMemberEnv(t *testing.T) {
+	in := []string{"PATH=/bin", "AIRLOCK_TOKEN=sekrit", "AIRLOCK_API=http://127.0.0.1:7433", "AIRLOCK_CONFIG=/etc/airlock/airlockd.yaml",
+		"AIRLOCK_TOKEN_FILE=/var/lib/airlock/token", "airlock_token=lower", "Airlock_Api=mixed", "AIRLOCK_=x", "FOO=bar", "AIRLOCKED=kept", "noequals", "=empty"}
+	got := MemberEnv(in)
+	want := []string{"PATH=/bin", "FOO=bar", "AIRLOCKED=kept"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("MemberEnv = %q, want %q", got, want)
+	}
+}

@@ -60,11 +60,30 @@ type RunConfig struct {
 	// UID and GID run the command as that user; nil runs it as root, but
 	// with no capabilities at all.
 	UID, GID *uint32
-	// Env is the command's environment; nil means os.Environ().
+	// Env is the command's environment; nil means os.Environ(). Airlock's
+	// own variables are dropped from it (MemberEnv).
 	Env []string
 	// Stdin, Stdout and Stderr default to the process's own.
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+}
+
+// MemberEnv returns env without airlock's own variables: every name that
+// starts with AIRLOCK_ in any case (AIRLOCK_TOKEN, AIRLOCK_API,
+// AIRLOCK_CONFIG, AIRLOCK_TOKEN_FILE, …), so that no credential of the
+// control plane, nor the way to it, reaches a member (design §8, invariant
+// 14), and entries that are not NAME=VALUE. The rest passes as it is; the
+// caller then adds the CA variables and AIRLOCK_SANDBOX.
+func MemberEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || name == "" || len(name) >= len("AIRLOCK_") && strings.EqualFold(name[:len("AIRLOCK_")], "AIRLOCK_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 type initConfig struct {
@@ -125,6 +144,7 @@ func Run(ctx context.Context, cfg RunConfig) (int, error) {
 	if env == nil {
 		env = os.Environ()
 	}
+	env = MemberEnv(env)
 	if cfg.CABundle != "" {
 		for _, k := range CAEnv {
 			env = append(env, k+"="+cfg.CABundle)
