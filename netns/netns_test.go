@@ -2,6 +2,7 @@ package netns
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -207,5 +208,25 @@ func TestMemberEnv(t *testing.T) {
 	want := []string{"PATH=/bin", "FOO=bar", "AIRLOCKED=kept"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("MemberEnv = %q, want %q", got, want)
+	}
+}
+
+// TestLocalAddrsAskTheKernel: the host's own addresses and whatever the kernel
+// delivers locally count as local; an address routed elsewhere does not.
+func TestLocalAddrsAskTheKernel(t *testing.T) {
+	var l LocalAddrs
+	for _, s := range []string{"0.0.0.0", "127.0.0.1", "127.9.9.9"} {
+		if !l.Contains(netip.MustParseAddr(s)) {
+			t.Errorf("%s is not local", s)
+		}
+	}
+	if ifs, err := net.InterfaceAddrs(); err == nil {
+		for _, x := range ifs {
+			if n, ok := x.(*net.IPNet); ok && n.IP.To4() != nil {
+				if a, _ := netip.AddrFromSlice(n.IP.To4()); !l.Contains(a) {
+					t.Errorf("the interface address %s is not local", a)
+				}
+			}
+		}
 	}
 }

@@ -102,6 +102,10 @@ func (p Pattern) Form() string {
 // Host returns the exact host, or the domain under a "*." wildcard.
 func (p Pattern) Host() string { return p.host }
 
+// Prefix returns the addresses of a cidr: pattern; the zero Prefix for
+// other kinds.
+func (p Pattern) Prefix() netip.Prefix { return p.prefix }
+
 // Port returns the port the pattern is limited to, or 0 for 80 and 443.
 func (p Pattern) Port() uint16 { return p.port }
 

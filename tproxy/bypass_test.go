@@ -3,6 +3,7 @@ package tproxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
@@ -449,5 +450,67 @@ func TestAllowOnceCoversOneRequest(t *testing.T) {
 	}
 	if got := up.requests(); !slices.Equal(got, []string{host + " /a"}) {
 		t.Errorf("the upstream got %q, want only the request allowed once", got)
+	}
+}
+
+// TestSSRFGuardRefusesThisHost: an allowed name that resolves to an
+// address of this host (unspecified, loopback other than the one a /32
+// rule names, an interface address, broadcast) is never dialled, even
+// when a cidr: rule for a wider range holds the address.
+func TestSSRFGuardRefusesThisHost(t *testing.T) {
+	ln, err := net.Listen("tcp4", ":0") // every local address
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- struct{}{}
+			c.Close()
+		}
+	}()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	hostAddr := netip.MustParseAddr("203.0.113.254") // stands for the host's uplink
+	for _, tc := range []struct{ name, addr, want string }{
+		{"unspecified", "0.0.0.0", "this host"},
+		{"this network", "0.1.2.3", "this host"},
+		{"loopback beyond the /32 rule", "127.0.0.2", "loopback"},
+		{"the host's own address under a /24 rule", hostAddr.String(), "an address of this host"},
+		{"broadcast", "255.255.255.255", "reserved"},
+		{"mapped loopback", "::ffff:127.0.0.2", "loopback"},
+		{"mapped unspecified", "::ffff:0.0.0.0", "this host"},
+		{"IPv6 loopback", "::1", "not IPv4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policyYAML := rules(port, fmt.Sprintf("allowed.test:%d", port)) + fmt.Sprintf("      - pattern: \"cidr:203.0.113.0/24:%d\"\n", port)
+			h := newHarness(t, &upstream{}, netip.AddrPortFrom(fake("allowed.test"), port), policyYAML, func(c *Config) {
+				c.Resolve = func(context.Context, string) ([]netip.Addr, error) {
+					return []netip.Addr{netip.MustParseAddr(tc.addr)}, nil
+				}
+				c.IsLocal = func(a netip.Addr) bool { return a == hostAddr }
+			})
+			c, err := net.Dial("tcp4", h.proxy.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			io.WriteString(c, "hello\r\n")
+			io.Copy(io.Discard, c)
+			c.Close()
+			waitRecords(t, h, 1)
+			if r := h.Records()[0]; r.Verdict != "deny" || !strings.Contains(r.Reason, tc.want) {
+				t.Errorf("record %+v, want a refusal naming %q", r, tc.want)
+			}
+			select {
+			case <-accepted:
+				t.Errorf("%s was dialled", tc.addr)
+			case <-time.After(20 * time.Millisecond):
+			}
+		})
 	}
 }

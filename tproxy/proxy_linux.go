@@ -622,6 +622,7 @@ func (p *Proxy) dial(c *conn, host string, dst netip.AddrPort, rawIP bool) (*net
 func (p *Proxy) dialFirst(ctx context.Context, source, host string, addrs []netip.Addr, port uint16, what string) (*net.TCPConn, error) {
 	var refused, errs []string
 	for _, a := range addrs {
+		a = a.Unmap() // checked and dialled as the IPv4 address it is
 		if why := p.ssrf(source, a, port); why != "" {
 			refused = append(refused, a.String()+" ("+why+")")
 			continue
@@ -642,13 +643,24 @@ func (p *Proxy) dialFirst(ctx context.Context, source, host string, addrs []neti
 
 // ssrf returns why an upstream address is refused, or "". Loopback,
 // private, CGNAT, link-local (cloud metadata), multicast, unspecified and
-// reserved addresses, and the fake pool, are refused unless a cidr: rule
-// names the address.
+// reserved addresses, the fake pool, and every address of this host or
+// that the kernel delivers locally are refused unless a cidr: rule names
+// the address. For the host's own addresses (loopback, 0.0.0.0/8, local
+// ones) that rule must name exactly that address (a /32): a rule for a
+// public range that happens to hold the host's own address does not open
+// the host's services (design §8, invariant 12).
 func (p *Proxy) ssrf(source string, a netip.Addr, port uint16) string {
-	why := ""
+	a = a.Unmap()
+	why, host := "", false
 	switch {
+	case !a.Is4():
+		why = "not IPv4"
 	case a.IsLoopback():
-		why = "loopback"
+		why, host = "loopback", true
+	case a.IsUnspecified(), thisNet.Contains(a):
+		why, host = "this host (0.0.0.0/8)", true
+	case p.cfg.IsLocal != nil && p.cfg.IsLocal(a):
+		why, host = "an address of this host", true
 	case a.IsPrivate():
 		why = "private network"
 	case cgnat.Contains(a):
@@ -657,21 +669,21 @@ func (p *Proxy) ssrf(source string, a netip.Addr, port uint16) string {
 		why = "link-local (cloud metadata)"
 	case a.IsMulticast(), a.IsLinkLocalMulticast():
 		why = "multicast"
-	case a.IsUnspecified(), thisNet.Contains(a), reserved.Contains(a), a == broadcast:
+	case reserved.Contains(a), a == broadcast:
 		why = "reserved"
 	case p.cfg.Names.Contains(a):
 		why = "airlock's fake-IP pool"
-	case p.cfg.IsLocal != nil && p.cfg.IsLocal(a):
-		why = "an address of this host"
-	case !a.Is4():
-		why = "not IPv4"
 	}
 	if why == "" {
 		return ""
 	}
 	d := p.cfg.Policy.Decide(policy.Query{Source: source, Host: a.String(), Port: port})
-	if d.Verdict == policy.Allow && d.Rule != nil && d.Rule.Pattern.Kind() == policy.KindCIDR {
+	if d.Verdict == policy.Allow && d.Rule != nil && d.Rule.Pattern.Kind() == policy.KindCIDR &&
+		(!host || d.Rule.Pattern.Prefix().Bits() == 32) {
 		return ""
+	}
+	if host {
+		return why + "; only a cidr: rule for exactly this address (/32) opens it"
 	}
 	return why
 }
