@@ -395,6 +395,11 @@ func (d *decoder) sandbox(n *yaml.Node, s *Spec) error {
 			s.ApprovalTimeout = time.Duration(secs) * time.Second
 			return err
 		},
+		"allow_ech": func(p string, v *yaml.Node) error {
+			var err error
+			s.AllowECH, err = d.bool(p, v)
+			return err
+		},
 		"inspect": func(p string, v *yaml.Node) error {
 			str, err := d.str(p, v)
 			if err != nil {

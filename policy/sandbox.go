@@ -40,6 +40,7 @@ type Sandbox struct {
 
 	rs         atomic.Pointer[Ruleset]
 	inspectAll atomic.Bool
+	allowECH   atomic.Bool
 	// fileTrust maps the policy file's MCP servers ("mcp:NAME") to their
 	// trust level.
 	fileTrust atomic.Pointer[map[string]Trust]
@@ -179,6 +180,10 @@ func (s *Sandbox) untrusted(source string) bool { return s.Trust(source) == Trus
 // InspectAll reports whether the sandbox intercepts every TLS connection
 // (inspect: all), not only those that path or method rules need.
 func (s *Sandbox) InspectAll() bool { return s.inspectAll.Load() }
+
+// AllowECH reports whether the policy lets an encrypted ClientHello be
+// spliced (allow_ech: true).
+func (s *Sandbox) AllowECH() bool { return s.allowECH.Load() }
 
 // Spec returns a copy of the policy file's current content.
 func (s *Sandbox) Spec() Spec {
@@ -398,6 +403,7 @@ func (s *Sandbox) reloadLocked(session []*Rule) error {
 func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
 	s.spec, s.session = spec, session
 	s.inspectAll.Store(spec.Inspect == InspectAll)
+	s.allowECH.Store(spec.AllowECH)
 	trust := make(map[string]Trust, len(spec.MCPServers))
 	for _, m := range spec.MCPServers {
 		trust[m.Source()] = m.Trust

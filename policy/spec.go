@@ -154,6 +154,10 @@ type Spec struct {
 	UnknownAction   Action
 	ApprovalTimeout time.Duration // how long a held request waits for a person
 	Inspect         Inspect
+	// AllowECH lets a ClientHello with encrypted_client_hello be spliced;
+	// false (the default) refuses it, since the server would act on a name
+	// airlock cannot read.
+	AllowECH bool
 	// Auto holds the rules airlock manages: the file's network_allowlist.auto
 	// entries and the domains of known MCP servers in MCPServers.
 	Auto       []*Rule

@@ -11,7 +11,8 @@ import (
 // non-nil.
 //
 // It counts: enabled turned on; unknown_action moving up the order
-// deny < ask < allow; inspect going from all to needed; an allow rule
+// deny < ask < allow; inspect going from all to needed; allow_ech turned
+// on; an allow rule
 // (auto or user, compared by pattern and member) in next and not in old; a
 // deny rule in old and not in next; an MCP server added, its trust raised
 // (user_added < verified < builtin), or its image or command changed.
@@ -27,6 +28,9 @@ func Widens(old, next *Spec) []string {
 	}
 	if old.Inspect == InspectAll && next.Inspect != InspectAll {
 		out = append(out, fmt.Sprintf("inspect: %s → %s", old.Inspect, next.Inspect))
+	}
+	if !old.AllowECH && next.AllowECH {
+		out = append(out, "allow_ech: false → true")
 	}
 	had := ruleKeys(old.Auto, old.User)
 	for _, r := range slices.Concat(next.Auto, next.User) {

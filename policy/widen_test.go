@@ -72,6 +72,8 @@ func TestWidens(t *testing.T) {
 		{name: "auto rule moved to user", edits: []string{"      - api.anthropic.com\n", "      []\n", "    user:\n", "    user:\n      - pattern: api.anthropic.com\n"}},
 		{name: "not security relevant", edits: []string{"approval_timeout: 30", "approval_timeout: 600", "run_timeout: 300", "run_timeout: 3000"}},
 		{name: "restrict: disabled", edits: []string{"enabled: true", "enabled: false"}},
+		{name: "allow_ech turned on", edits: []string{"enabled: true", "enabled: true\n  allow_ech: true"}, want: []string{"allow_ech: false → true"}},
+		{name: "allow_ech turned off", old: strings.Replace(widenBase, "enabled: true", "enabled: true\n  allow_ech: true", 1), edits: []string{"enabled: true", "enabled: true\n  allow_ech: false"}},
 		{name: "restrict: ask to deny", edits: []string{"unknown_action: ask", "unknown_action: deny"}},
 		{name: "restrict: allow rule removed", edits: []string{"      - api.anthropic.com\n", ""}},
 		{name: "restrict: deny rule added", edits: []string{`    - pattern: "pastebin.com"`, "    - pattern: evil.test\n    - pattern: \"pastebin.com\""}},

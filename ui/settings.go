@@ -17,10 +17,11 @@ import (
 type settingsView struct {
 	UnknownAction   string `json:"unknown_action"`
 	ApprovalTimeout int    `json:"approval_timeout"` // seconds
+	AllowECH        bool   `json:"allow_ech"`        // read-only here: set in the policy file
 }
 
 func viewSettings(spec policy.Spec) settingsView {
-	return settingsView{UnknownAction: spec.UnknownAction.String(), ApprovalTimeout: int(spec.ApprovalTimeout / time.Second)}
+	return settingsView{UnknownAction: spec.UnknownAction.String(), ApprovalTimeout: int(spec.ApprovalTimeout / time.Second), AllowECH: spec.AllowECH}
 }
 
 func (s *Server) getSettings(c echo.Context) error {

@@ -369,6 +369,7 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		CA:            s.ca,
 		UpstreamRoots: d.roots,
 		InspectAll:    s.policy.InspectAll,
+		AllowECH:      s.policy.AllowECH,
 		Logger:        log,
 		LogAllowed:    cfg.LogAllowed,
 		DrainTimeout:  drainTimeout(cfg.Drain),
