@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -182,12 +183,14 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 		t.Fatalf("the monitor never listed the traffic: %v\n%s", err, visibleRows(t, ctx))
 	}
 	rows := visibleRows(t, ctx)
+	// Each row: source, method, URL, status, the time it took, size.
+	took := ` [0-9.]+ (µs|ms|s) `
 	for _, want := range []string{
-		"agent GET https://api.allowed.test/v1/models 200 8 B",
-		"mcp:github GET https://api.allowed.test/v1/blob/3000 200 2.9 kB",
-		"agent GET http://generativelanguage.googleapis.com/v1beta/models 200 8 B",
+		`agent GET https://api\.allowed\.test/v1/models 200` + took + `8 B`,
+		`mcp:github GET https://api\.allowed\.test/v1/blob/3000 200` + took + `2\.9 kB`,
+		`agent GET http://generativelanguage\.googleapis\.com/v1beta/models 200` + took + `8 B`,
 	} {
-		if !strings.Contains(rows, want) {
+		if !regexp.MustCompile(want).MatchString(rows) {
 			t.Errorf("monitor lacks %q:\n%s", want, rows)
 		}
 	}

@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/airlockhq/airlock/internal/testworld"
+	"github.com/airlockhq/airlock/internal/visible"
 )
 
 // browserFor starts headless chromium against airlockd's page (through a
@@ -130,7 +133,7 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 	}
 	var who, url string
 	chromedp.Run(ctx, chromedp.Text("#ask-source", &who, chromedp.ByID), chromedp.Text("#ask-url", &url, chromedp.ByID))
-	if who != "mcp:github" || url != "http://api.unknown.test/v1/data" {
+	if who != "mcp:github" || url != "GET http://api.unknown.test/v1/data" {
 		t.Errorf("dialog shows %q asking for %q", who, url)
 	}
 	// The dialog is modal, takes the focus, and Escape does not dismiss
@@ -164,12 +167,12 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 		// Each keystroke asks the server; wait for the answer to the whole
 		// pattern (a wrong page times out here).
 		chromedp.Poll(`(() => { const t = document.querySelector("#custom-results").innerText.replace(/\s+/g, " ");
-			return t.includes("MATCHES http://api.unknown.test/v1/data") && t.includes("NO MATCH GET http://allowed.test/") })()`, nil),
+			return /MATCHES (GET )?http:\/\/api.unknown.test\/v1\/data/.test(t) && t.includes("NO MATCH GET http://allowed.test/") })()`, nil),
 		chromedp.Text("#custom-results", &results, chromedp.ByID),
 	); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(squash(results), "MATCHES http://api.unknown.test/v1/data") {
+	if !regexp.MustCompile(`MATCHES (GET )?http://api\.unknown\.test/v1/data`).MatchString(squash(results)) {
 		t.Errorf("live results: %q", results)
 	}
 	shot(t, ctx, w, "dialog.png")
@@ -190,8 +193,9 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 	if err != nil {
 		t.Errorf("the approval's row never said allowed (allow pattern): %v", err)
 	}
-	for _, want := range []string{"agent GET http://allowed.test/ 200 8 B", "mcp:github http://api.unknown.test/v1/data allowed (allow pattern)", "mcp:github GET http://api.unknown.test/v1/data 200 8 B"} {
-		if !strings.Contains(squash(monitor), want) {
+	// Each request shows how long it took, between its status and size.
+	for _, want := range []string{`agent GET http://allowed\.test/ 200 [0-9.]+ (µs|ms|s) 8 B`, `mcp:github (GET )?http://api\.unknown\.test/v1/data allowed \(allow pattern\)`, `mcp:github GET http://api\.unknown\.test/v1/data 200 [0-9.]+ (µs|ms|s) 8 B`} {
+		if !regexp.MustCompile(want).MatchString(squash(monitor)) {
 			t.Errorf("monitor lacks %q: %q", want, monitor)
 		}
 	}
@@ -287,5 +291,66 @@ func TestWebCountdownDeniesAndLiveMatcher(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Error("no HAR download")
+	}
+}
+
+// TestWebDialogShowsTheRealHost: a member pads what the dialog shows with
+// line separators and a decoy, and the person still reads the host being
+// decided, in its fixed place at the top of the dialog; every separator
+// shows as a visible escape. The page's escaping is the same as the Go
+// function's that the CLI and the logs use.
+func TestWebDialogShowsTheRealHost(t *testing.T) {
+	w, cfg, _, token := apiSetup(t)
+	ctx, _ := browserFor(t, w, token)
+	pad := strings.Repeat("\u2028", 150)
+	member := w.Start(cfg, "default", "agent", 60*time.Second, "curl", "-sS", "-m", "50",
+		"-H", "X-Note: "+pad+"Host: allowed.test \u202egpj.exe", "http://unknown.test/x?q=allowed.test")
+	id := waitPendingAPI(t, w, token)
+	var got struct {
+		Host, URL, Headers, Text string
+		HostVisible              bool
+	}
+	if err := chromedp.Run(ctx,
+		chromedp.WaitVisible("#ask", chromedp.ByID),
+		chromedp.Evaluate(`(() => {
+			const d = document.querySelector("#ask"), h = document.querySelector("#ask-host");
+			const dr = d.getBoundingClientRect(), hr = h.getBoundingClientRect();
+			return {host: h.textContent, url: document.querySelector("#ask-url").textContent,
+				headers: document.querySelector("#ask-headers").textContent, text: d.textContent,
+				hostVisible: hr.width > 0 && hr.height > 0 && hr.top >= dr.top && hr.bottom <= dr.top + d.clientHeight && hr.height < 3 * parseFloat(getComputedStyle(h).fontSize)};
+		})()`, &got),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if got.Host != "unknown.test" || !got.HostVisible {
+		t.Errorf("the dialog's host reads %q (visible in one line at its top: %v), want unknown.test", got.Host, got.HostVisible)
+	}
+	if strings.ContainsAny(got.Text, "\u2028\u2029\u202e") {
+		t.Errorf("raw separators or bidi controls in the dialog: %q", got.Text)
+	}
+	if !strings.Contains(got.Headers, `\u{2028}`) || !strings.Contains(got.Headers, `\u{202e}`) {
+		t.Errorf("the headers do not show the separators as escapes: %q", got.Headers)
+	}
+	if !strings.Contains(got.URL, "http://unknown.test/x?q=") || strings.Contains(got.URL, "\u2028") {
+		t.Errorf("the URL: %q", got.URL)
+	}
+	if code, body := call(t, w, token, "POST", "/sandboxes/default/approvals/"+id, `{"action": "deny"}`); code != 200 {
+		t.Fatalf("deny: %d %s", code, body)
+	}
+	member()
+
+	// The page's visibleText and the Go function agree.
+	inputs := []string{"plain/ü/日本", "\x1b[2J", "\x1b]52;c;ZXZpbA==\a", "\u009b31m", "a\u2028b\u2029c", "evil\u202egpj", "\u2066x\u2069",
+		"a\u200db\u200bc", "\ufeffx", "ex\u00adample", "a\u00a0b\u3000c", "a\u3164b", "a\ufe0fb", "a\U000e0041b", "a\ue000b", `back\slash`, "tab\there\nnl"}
+	in, _ := json.Marshal(inputs)
+	var js []string
+	lit, _ := json.Marshal(string(in)) // a JSON string is a JavaScript string literal
+	if err := chromedp.Run(ctx, chromedp.Evaluate(`JSON.parse(`+string(lit)+`).map(visibleText)`, &js)); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range inputs {
+		if i >= len(js) || js[i] != visible.String(s) {
+			t.Errorf("visibleText(%q) = %q, visible.String = %q", s, js[min(i, len(js)-1)], visible.String(s))
+		}
 	}
 }

@@ -28,8 +28,8 @@ var ErrAmbiguousPath = errors.New("ambiguous request path")
 //     case, and bytes RFC 3986 does not allow in a path (outside ASCII,
 //     quotes, braces, …) are escaped.
 //
-// The query is kept as it was sent, but must hold no control bytes, spaces
-// or "#". The result is path[?query].
+// The query is kept as it was sent, bytes outside ASCII escaped, and must
+// hold no control bytes, spaces or "#". The result is path[?query].
 func CanonicalTarget(target string) (string, error) {
 	if target == "" {
 		return "", fmt.Errorf("%w: empty request target", ErrAmbiguousPath)
@@ -49,11 +49,23 @@ func CanonicalTarget(target string) (string, error) {
 		return "", fmt.Errorf("%w: the request target %q is not an absolute path", ErrAmbiguousPath, truncate(target, 60))
 	}
 	path, query, hasQuery := strings.Cut(target, "?")
+	var q strings.Builder
 	for i := 0; i < len(query); i++ {
-		if c := query[i]; c <= ' ' || c == 0x7f || c == '#' {
+		switch c := query[i]; {
+		case c <= ' ' || c == 0x7f || c == '#':
 			return "", fmt.Errorf("%w: the query holds a control byte, a space or a fragment", ErrAmbiguousPath)
+		case c >= 0x80:
+			// Escaped as a browser would: the same bytes to a server, and
+			// nothing raw for a person to misread.
+			const hex = "0123456789ABCDEF"
+			q.WriteByte('%')
+			q.WriteByte(hex[c>>4])
+			q.WriteByte(hex[c&15])
+		default:
+			q.WriteByte(c)
 		}
 	}
+	query = q.String()
 	var b strings.Builder
 	b.Grow(len(target))
 	for i := 0; i < len(path); i++ {

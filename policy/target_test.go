@@ -14,6 +14,7 @@ func TestCanonicalTarget(t *testing.T) {
 		{"root", "/", "/"},
 		{"trailing slash", "/v1/", "/v1/"},
 		{"query kept as sent", "/v1/x?a=%2e%2e/..&b=%2F", "/v1/x?a=%2e%2e/..&b=%2F"},
+		{"non-ASCII in the query escaped", "/v1/x?q=\xe2\x80\xa8", "/v1/x?q=%E2%80%A8"},
 		{"escaped letters decoded", "/%61dmin/%7Eme", "/admin/~me"},
 		{"other escapes upper-cased", "/a%3ab%2b", "/a%3Ab%2B"},
 		{"non-ASCII escaped", "/caf\xc3\xa9", "/caf%C3%A9"},

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/internal/visible"
 	"github.com/airlockhq/airlock/ui"
 )
 
@@ -177,18 +178,18 @@ func runAPI(cmd apiCommand, args []string) int {
 		return 2
 	}
 	if len(pos) < cmd.min || len(pos) > cmd.max {
-		fmt.Fprintf(os.Stderr, "usage: airlock %s\n", cmd.usage)
+		fmt.Fprintf(stderr, "usage: airlock %s\n", cmd.usage)
 		return 2
 	}
 	c, err := cm.client()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "airlock %s: %v\n", cmd.name, err)
+		fmt.Fprintf(stderr, "airlock %s: %s\n", cmd.name, v(err.Error()))
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cmd.run(ctx, c, &cm, pos); err != nil {
-		fmt.Fprintf(os.Stderr, "airlock %s: %v\n", cmd.name, err)
+		fmt.Fprintf(stderr, "airlock %s: %s\n", cmd.name, v(err.Error()))
 		return 1
 	}
 	return 0
@@ -196,17 +197,29 @@ func runAPI(cmd apiCommand, args []string) int {
 
 func sbPath(sandbox, rest string) string { return "/sandboxes/" + url.PathEscape(sandbox) + rest }
 
-func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+// printJSON prints x as indented JSON with no unsafe character left raw
+// in it (visible.JSON): the same data for a script, nothing a terminal
+// acts on.
+func printJSON(x any) error {
+	b, err := json.MarshalIndent(x, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = jsonOut.Write(append(visible.JSON(b), '\n'))
+	return err
 }
 
+// table prints rows under header, every cell escaped: cells are data, and
+// many are a member's (URLs, sources).
 func table(header string, rows [][]string) {
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, header)
 	for _, r := range rows {
-		fmt.Fprintln(w, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = v(c)
+		}
+		fmt.Fprintln(w, strings.Join(cells, "\t"))
 	}
 	w.Flush()
 }
@@ -273,7 +286,7 @@ func addRule(ctx context.Context, c *ui.Client, cm *common, list string, a []str
 	if r.Tier == "user" {
 		where = "saved to the policy file"
 	}
-	fmt.Printf("%s %s in %s %s (id %s)\n", strings.TrimSuffix(list, "list")+"ed", r.Pattern, a[0], where, r.ID)
+	fmt.Fprintf(stdout, "%s %s in %s %s (id %s)\n", strings.TrimSuffix(list, "list")+"ed", r.Pattern, a[0], where, r.ID)
 	return nil
 }
 
@@ -311,7 +324,7 @@ func cmdRm(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			if cm.json {
 				return printJSON(r)
 			}
-			fmt.Printf("removed %s from %s of %s\n", r.Pattern, l, sb)
+			fmt.Fprintf(stdout, "removed %s from %s of %s\n", r.Pattern, l, sb)
 			return nil
 		}
 	}
@@ -394,7 +407,7 @@ func decideCmd(ctx context.Context, c *ui.Client, cm *common, id string, allow b
 		if cm.json {
 			return printJSON(out)
 		}
-		fmt.Printf("%s: %s %s\n", body["action"], p.Sandbox, p.URL)
+		fmt.Fprintf(stdout, "%s: %s %s\n", body["action"], p.Sandbox, v(p.URL))
 		return nil
 	}
 	return fmt.Errorf("no pending approval %q (airlock pending lists them)", id)
@@ -417,7 +430,7 @@ func logLine(e audit.Entry) string {
 		kind = e.Method
 	}
 	verdict := firstOf(e.Verdict, e.Action)
-	return strings.TrimSpace(fmt.Sprintf("%s %-8s %-10s %-12s %s %s", e.Time.Local().Format("15:04:05"), verdict, kind, e.Source, what, extra))
+	return strings.TrimSpace(fmt.Sprintf("%s %-8s %-10s %-12s %s %s", e.Time.Local().Format("15:04:05"), v(verdict), v(kind), v(e.Source), v(what), v(extra)))
 }
 
 func cmdLog(ctx context.Context, c *ui.Client, cm *common, a []string) error {
@@ -436,10 +449,10 @@ func cmdLog(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	show := func(e audit.Entry) {
 		if cm.json {
 			b, _ := json.Marshal(e)
-			fmt.Println(string(b))
+			jsonOut.Write(append(visible.JSON(b), '\n'))
 			return
 		}
-		fmt.Println(logLine(e))
+		fmt.Fprintln(stdout, logLine(e))
 	}
 	for _, e := range es {
 		show(e)
@@ -472,14 +485,14 @@ func cmdReload(ctx context.Context, c *ui.Client, cm *common, _ []string) error 
 			names []string
 		}{{"added", res.Added}, {"removed", res.Removed}, {"restarted", res.Changed}, {"policy re-read", res.Reloaded}} {
 			if len(l.names) > 0 {
-				fmt.Printf("%-15s %s\n", l.what+":", strings.Join(l.names, " "))
+				fmt.Fprintf(stdout, "%-15s %s\n", l.what+":", strings.Join(l.names, " "))
 			}
 		}
 		for _, w := range res.Widened {
-			fmt.Printf("%-15s %s\n", "widened:", w)
+			fmt.Fprintf(stdout, "%-15s %s\n", "widened:", v(w))
 		}
 		if len(res.Restart) > 0 {
-			fmt.Printf("%-15s %s (restart airlockd to apply)\n", "not applied:", strings.Join(res.Restart, " "))
+			fmt.Fprintf(stdout, "%-15s %s (restart airlockd to apply)\n", "not applied:", strings.Join(res.Restart, " "))
 		}
 	}
 	if len(res.Errors) > 0 {
@@ -531,6 +544,6 @@ func cmdSet(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	if cm.json {
 		return printJSON(out)
 	}
-	fmt.Printf("%s: unknown_action %s, approval_timeout %d s (saved to the policy file)\n", a[0], out.UnknownAction, out.ApprovalTimeout)
+	fmt.Fprintf(stdout, "%s: unknown_action %s, approval_timeout %d s (saved to the policy file)\n", a[0], out.UnknownAction, out.ApprovalTimeout)
 	return nil
 }

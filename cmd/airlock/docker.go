@@ -36,7 +36,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 // `run` is the member's.
 func cmdDocker(args []string) int {
 	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, dockerUsage)
+		fmt.Fprint(stderr, dockerUsage)
 		return 2
 	}
 	sub := args[0]
@@ -64,12 +64,12 @@ func cmdDocker(args []string) int {
 	pos := fs.Args()
 	want := map[string][2]int{"run": {2, -1}, "ps": {1, 1}, "rm": {2, 2}}[sub]
 	if want == [2]int{} || len(pos) < want[0] || want[1] >= 0 && len(pos) > want[1] {
-		fmt.Fprint(os.Stderr, dockerUsage)
+		fmt.Fprint(stderr, dockerUsage)
 		return 2
 	}
 	c, err := cm.client()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "airlock docker %s: %v\n", sub, err)
+		fmt.Fprintf(stderr, "airlock docker %s: %v\n", sub, err)
 		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -99,7 +99,7 @@ func cmdDocker(args []string) int {
 			return 1, err
 		}
 		if detach {
-			fmt.Println(m.ID)
+			fmt.Fprintln(stdout, m.ID)
 			return 0, nil
 		}
 		var res ui.ContainerResult
@@ -114,12 +114,12 @@ func cmdDocker(args []string) int {
 		}
 		os.Stdout.WriteString(res.Output)
 		if res.TimedOut {
-			fmt.Fprintf(os.Stderr, "airlock docker run: %s killed at the sandbox's run timeout\n", m.Name)
+			fmt.Fprintf(stderr, "airlock docker run: %s killed at the sandbox's run timeout\n", m.Name)
 		}
 		return res.ExitCode, nil
 	}()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "airlock docker %s: %v\n", sub, err)
+		fmt.Fprintf(stderr, "airlock docker %s: %v\n", sub, err)
 	}
 	return code
 }

@@ -7,16 +7,23 @@ package logging
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
+
+	"github.com/airlockhq/airlock/internal/visible"
 )
 
 // New returns a handler writing to w at level and above: the journal's
 // format when journal is true, slog's text format otherwise.
+//
+// Every string value (errors and Stringers included) goes through
+// visible.String, so that a name, URL or header a sandbox member chose
+// cannot rewrite a terminal or forge a log line, whichever call site logs
+// it (design §8, invariant 16).
 func New(w io.Writer, level slog.Leveler, journal bool) slog.Handler {
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: escapeAttr}
 	if !journal {
 		return slog.NewTextHandler(w, opts)
 	}
@@ -24,11 +31,36 @@ func New(w io.Writer, level slog.Leveler, journal bool) slog.Handler {
 		if len(groups) == 0 && (a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey) {
 			return slog.Attr{}
 		}
-		return a
+		return escapeAttr(groups, a)
 	}
 	j := &journalHandler{out: w, mu: new(sync.Mutex), buf: new(bytes.Buffer)}
 	j.text = slog.NewTextHandler(j.buf, opts)
 	return j
+}
+
+// escapeAttr shows every string value, and the message, with unsafe
+// characters escaped.
+func escapeAttr(_ []string, a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindString:
+		if v := a.Value.String(); visible.String(v) != v {
+			a.Value = slog.StringValue(visible.String(v))
+		}
+	case slog.KindAny:
+		switch v := a.Value.Any().(type) {
+		case error:
+			a.Value = slog.StringValue(visible.String(v.Error()))
+		case fmt.Stringer:
+			a.Value = slog.StringValue(visible.String(v.String()))
+		case []string:
+			esc := make([]string, len(v))
+			for i, x := range v {
+				esc[i] = visible.String(x)
+			}
+			a.Value = slog.AnyValue(esc)
+		}
+	}
+	return a
 }
 
 // Priority maps a slog level to the syslog priority the journal files it
@@ -74,7 +106,7 @@ func (h *journalHandler) Handle(ctx context.Context, r slog.Record) error {
 	line.WriteByte('>')
 	// The journal splits its stream at newlines: a message must stay one
 	// line, or the rest would be filed at the default priority.
-	line.WriteString(strings.ReplaceAll(r.Message, "\n", " "))
+	line.WriteString(visible.String(r.Message))
 	if len(attrs) > 0 {
 		line.WriteByte(' ')
 		line.Write(attrs)

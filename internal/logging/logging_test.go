@@ -22,7 +22,7 @@ func TestJournalFormat(t *testing.T) {
 		`<7>connection component=tproxy host=allowed.test verdict=allow`,
 		`<6>connection component=tproxy host=unknown.test verdict=deny rule=""`,
 		`<4>policy reload refused component=tproxy err="app.yaml:3: sandbox.unknown_action: want ask, deny or allow"`,
-		`<3>two lines component=tproxy v="a\nb"`,
+		`<3>two\x0alines component=tproxy v=a\x0ab`,
 		`<6>grouped component=tproxy g.k=1`,
 	}
 	got := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
@@ -56,6 +56,27 @@ func TestPriority(t *testing.T) {
 	}{{slog.LevelDebug, 7}, {slog.LevelDebug + 2, 7}, {slog.LevelInfo, 6}, {slog.LevelWarn, 4}, {slog.LevelError, 3}, {slog.LevelError + 4, 3}} {
 		if got := Priority(tt.l); got != tt.want {
 			t.Errorf("Priority(%v) = %d, want %d", tt.l, got, tt.want)
+		}
+	}
+}
+
+// TestMemberTextIsEscaped: a host or URL a sandbox member chose cannot
+// clear the operator's terminal, write their clipboard, forge a line or
+// reorder text in a log line, in either format.
+func TestMemberTextIsEscaped(t *testing.T) {
+	for _, journal := range []bool{false, true} {
+		var out bytes.Buffer
+		log := slog.New(New(&out, slog.LevelInfo, journal))
+		host := "evil.test\x1b[2J\x1b]52;c;ZXZpbA==\a\u009b31m\u2028\u202e"
+		log.Info("request", "host", host, "url", "http://x.test/\nlevel=ERROR msg=forged", "err", errors.New("resolve \x1b[31m"))
+		got := out.String()
+		if strings.ContainsAny(got, "\x1b\a\u009b\u2028\u202e") || strings.Count(got, "\n") != 1 {
+			t.Errorf("journal=%v: raw control characters in %q", journal, got)
+		}
+		for _, want := range []string{`\x1b[2J`, `\u{2028}`, `\u{202e}`, `\x0alevel=ERROR`} {
+			if !strings.Contains(got, want) {
+				t.Errorf("journal=%v: %q lacks the visible escape %s", journal, got, want)
+			}
 		}
 	}
 }

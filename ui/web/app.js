@@ -29,12 +29,30 @@ async function api(method, path, body) {
 }
 const sb = (rest) => "/sandboxes/" + encodeURIComponent(state.sandbox) + rest;
 
+// visibleText is internal/visible.String for the page: every character
+// that could hide, reorder or rewrite what is around it (controls, line and
+// paragraph separators, bidi controls, zero-width and other invisible
+// characters, private-use and unassigned code points) becomes a visible
+// escape, and a backslash is doubled. Text a sandbox member controls is
+// shown only through it (design §8, invariant 16).
+const unsafeChars = /[\\\p{C}\p{Zl}\p{Zp}\p{Zs}\u115f\u1160\u3164\uffa0\u034f\u180e\u2800\ufffc\ufffd\ufe00-\ufe0f\u{e0100}-\u{e01ef}]/gu;
+function visibleText(s) {
+  return String(s == null ? "" : s).replace(unsafeChars, (c) => {
+    if (c === " ") return c;
+    if (c === "\\") return "\\\\";
+    const n = c.codePointAt(0);
+    return n < 0x80 ? "\\x" + n.toString(16).padStart(2, "0") : "\\u{" + n.toString(16) + "}";
+  });
+}
+
+// el builds an element; its text children and its title go through
+// visibleText.
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
-    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v);
+    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, k === "title" ? visibleText(v) : v);
   }
-  for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(k == null ? "" : String(k)));
+  for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(visibleText(k)));
   return e;
 }
 
@@ -115,13 +133,23 @@ function statusOf(e) {
   return { cls: "status-allow", text: e.close && e.close.startsWith("intercepted") ? "intercepted" : "completed" };
 }
 
+// durationText shows milliseconds as a person reads them: 850 µs, 12 ms,
+// 3.4 s; nothing when none was recorded.
+function durationText(ms) {
+  if (!ms) return "";
+  if (ms < 1) return Math.round(ms * 1000) + " µs";
+  if (ms < 1000) return (ms < 10 ? ms.toFixed(1) : Math.round(ms)) + " ms";
+  return (ms / 1000).toFixed(ms < 10000 ? 1 : 0) + " s";
+}
+
 function rowFor(e) {
   const st = statusOf(e);
   const status = el("td", { class: st.cls }, st.text);
   if (e.pending) status.prepend(el("span", { class: "spinner", "aria-hidden": "true" }));
   const tr = el("tr", { title: (e.rule ? "rule: " + e.rule : "no rule") + (e.reason ? " — " + e.reason : "") },
     el("td", {}, new Date(e.time).toLocaleTimeString([], { hour12: false })), el("td", {}, e.source || ""), el("td", {}, e.method || (e.kind === "connection" ? "TCP" : "")),
-    el("td", { class: "mono" }, recordURL(e)), status, el("td", { class: "num" }, e.pending ? "" : sizeText((e.bytes_down || 0) + (e.bytes_up || 0))));
+    el("td", { class: "mono" }, recordURL(e)), status, el("td", { class: "num", title: e.ttfb_ms ? "first byte after " + durationText(e.ttfb_ms) : "" }, e.pending ? "" : durationText(e.duration_ms)),
+    el("td", { class: "num" }, e.pending ? "" : sizeText((e.bytes_down || 0) + (e.bytes_up || 0))));
   tr.dataset.verdict = e.pending ? "pending" : e.verdict || "";
   tr.dataset.source = e.source || "";
   tr.dataset.llm = e.llm ? "1" : "";
@@ -161,7 +189,7 @@ function renderCounters() {
     fs.replaceChildren(el("option", { value: "" }, "all"), ...[...state.sources.keys()].sort().map((s) => el("option", { value: s }, s)));
     fs.value = cur;
   }
-  $("per-source").textContent = [...state.sources].map(([s, n]) => s + " " + n).join(" · ");
+  $("per-source").textContent = [...state.sources].map(([s, n]) => visibleText(s) + " " + n).join(" · ");
 }
 for (const id of ["hide-llm", "f-source", "f-verdict", "f-text"]) $(id).addEventListener("input", () => { for (const tr of $("rows").children) tr.hidden = !visible(tr); });
 $("scroller").addEventListener("scroll", () => {
@@ -218,7 +246,7 @@ function alertPerson(e) {
     o.start(); o.stop(ctx.currentTime + 0.15);
   } catch { /* no audio */ }
   if (document.hidden && "Notification" in window) {
-    if (Notification.permission === "granted") new Notification("airlock: " + (e.source || "a member") + " asks for " + (e.url || e.host));
+    if (Notification.permission === "granted") new Notification("airlock: " + visibleText(e.source || "a member") + " asks for " + visibleText(e.url || e.host));
     else if (Notification.permission === "default") Notification.requestPermission();
   }
 }
@@ -226,12 +254,13 @@ function alertPerson(e) {
 function openAsk(p) {
   if (!$("ask").open) state.returnFocus = document.activeElement;
   state.current = p;
-  $("ask-source").textContent = (p.source || "a member") + (p.agent ? " (driven by " + p.agent + ")" : "");
-  $("ask-url").textContent = (p.method ? p.method + " " : "") + p.url;
+  $("ask-host").textContent = visibleText(p.host) + (p.port && p.port !== 80 && p.port !== 443 ? ":" + p.port : "");
+  $("ask-source").textContent = visibleText(p.source || "a member") + (p.agent ? " (driven by " + visibleText(p.agent) + ")" : "");
+  $("ask-url").textContent = visibleText((p.method ? p.method + " " : "") + p.url);
   const others = (p.sources || []).filter((s) => s !== p.source);
-  $("ask-via").textContent = others.length ? "Also waiting for it: " + others.join(", ") : ""; $("ask-via").hidden = !others.length;
+  $("ask-via").textContent = others.length ? "Also waiting for it: " + others.map(visibleText).join(", ") : ""; $("ask-via").hidden = !others.length;
   $("ask-queue").textContent = (p.waiting > 1 ? p.waiting + " connections wait for this. " : "") + (state.queue.length > 1 ? (state.queue.length - 1) + " more after this." : "");
-  const hdr = p.headers ? Object.entries(p.headers).map(([k, v]) => k + ": " + v.join(", ")).join("\n") : "";
+  const hdr = p.headers ? Object.entries(p.headers).map(([k, v]) => visibleText(k) + ": " + v.map(visibleText).join(", ")).join("\n") : "";
   $("ask-headers").textContent = hdr; $("ask-headers-box").hidden = !hdr;
   $("choices").replaceChildren(...p.suggestions.map((s, i) => el("label", {}, el("input", { type: "radio", name: "pattern", value: s.pattern, ...(i === 0 ? { checked: "" } : {}) }), " ", el("code", {}, s.pattern), " ", el("span", { class: "muted" }, s.label))));
   $("custom").hidden = true; $("broad").hidden = true; $("ask-error").textContent = "";
