@@ -125,3 +125,38 @@ func TestRunScrubsAirlockEnv(t *testing.T) {
 		}
 	}
 }
+
+// TestRunCannotRewriteTheConfig: a member running as uid 0 (it owns root's
+// files) cannot write airlockd's config file, rename another file over it,
+// or add one beside it, so it cannot point a sandbox at a policy of its own
+// for the next reload; the host's file is unchanged.
+func TestRunCannotRewriteTheConfig(t *testing.T) {
+	w, cfg, _ := setup(t)
+	before, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(cfg)
+	for _, script := range []string{
+		"echo 'sandboxes: []' > " + cfg,
+		"echo '# x' >> " + cfg,
+		"echo 'sandboxes: []' > " + dir + "/evil.yaml",
+		"cp " + cfg + " /tmp/evil.yaml && mv /tmp/evil.yaml " + cfg,
+		"mv " + cfg + " " + cfg + ".old",
+		"rm -f " + cfg,
+		"ln -sf /tmp/evil.yaml " + cfg,
+		"touch -d 2001-01-01 " + cfg,
+	} {
+		r := w.Run(cfg, sbC, "agent", 20*time.Second, "sh", "-c", "id -u; "+script)
+		if r.Code == 0 || r.Stdout != "0\n" {
+			t.Errorf("a uid-0 member ran %q: exit %d, %q %q", script, r.Code, r.Stdout, r.Stderr)
+		}
+	}
+	after, err := os.ReadFile(cfg)
+	if err != nil || string(after) != string(before) {
+		t.Errorf("the config file changed (%v):\n%s", err, after)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "evil.yaml")); err == nil {
+		t.Errorf("a member wrote beside the config file")
+	}
+}

@@ -53,10 +53,15 @@ type RunConfig struct {
 	// member's mount namespace. Each must be an existing directory, or Run
 	// refuses to start the member.
 	Hide []string
-	// ReadOnly are files (the sandboxes' policy files) bound read-only
-	// onto themselves in the member's mount namespace; missing ones are
-	// skipped.
+	// ReadOnly are files (the sandboxes' policy files, airlockd's config
+	// file, upstream_ca_file) bound read-only onto themselves in the
+	// member's mount namespace; missing ones are skipped.
 	ReadOnly []string
+	// ReadOnlyDirs are directories (the config file's) bound read-only
+	// onto themselves, with what is mounted below them, so that nothing in
+	// them can be written, renamed over or removed; missing ones are
+	// skipped.
+	ReadOnlyDirs []string
 	// UID and GID run the command as that user; nil runs it as root, but
 	// with no capabilities at all.
 	UID, GID *uint32
@@ -91,6 +96,7 @@ type initConfig struct {
 	Resolv   string   `json:"resolv"`
 	Hide     []string `json:"hide,omitempty"`
 	ReadOnly []string `json:"read_only,omitempty"`
+	RODirs   []string `json:"read_only_dirs,omitempty"`
 	Keep     string   `json:"keep,omitempty"` // the CA bundle
 	UID      *uint32  `json:"uid,omitempty"`
 	GID      *uint32  `json:"gid,omitempty"`
@@ -159,7 +165,7 @@ func Run(ctx context.Context, cfg RunConfig) (int, error) {
 		}
 	}
 	ic, _ := json.Marshal(initConfig{Command: cfg.Command, Resolv: resolv, UID: cfg.UID, GID: cfg.GID, Env: env,
-		Hide: cfg.Hide, ReadOnly: cfg.ReadOnly, Keep: cfg.CABundle})
+		Hide: cfg.Hide, ReadOnly: cfg.ReadOnly, RODirs: cfg.ReadOnlyDirs, Keep: cfg.CABundle})
 
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
@@ -362,7 +368,7 @@ func memberInit() (int, error) {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return 0, fmt.Errorf("mount /proc: %w", err)
 	}
-	if err := confine(cfg.ReadOnly, cfg.Hide, cfg.Keep); err != nil {
+	if err := confine(cfg.RODirs, cfg.ReadOnly, cfg.Hide, cfg.Keep); err != nil {
 		return 0, err
 	}
 	for _, k := range []string{"all", "default", "eth0", "lo"} {
@@ -432,19 +438,31 @@ func memberInit() (int, error) {
 }
 
 // confine changes the member's mount namespace, which must not propagate
-// to the host's: each file of readOnly is bound read-only onto itself, then
+// to the host's: each directory of readOnlyDirs and each file of readOnly
+// is bound read-only onto itself, then
 // each directory of hide is covered with an empty read-only tmpfs, except
 // for the file keep (the CA bundle), bound back read-only at its path.
 // Any failure is an error: the member must not run with airlockd's token,
 // CA keys and API socket in reach.
-func confine(readOnly, hide []string, keep string) error {
+func confine(readOnlyDirs, readOnly, hide []string, keep string) error {
+	for _, d := range readOnlyDirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			continue // nothing there to protect
+		}
+		if err := unix.Mount(d, d, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("make %s read-only for the member: bind: %w", d, err)
+		}
+		if err := unix.Mount("", d, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+			return fmt.Errorf("make %s read-only for the member: remount: %w", d, err)
+		}
+	}
 	for _, f := range readOnly {
 		err := bindReadOnly(f, f)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // nothing to protect; a file made later is airlockd's to judge
 		}
 		if err != nil {
-			return fmt.Errorf("make policy file %s read-only for the member: %w", f, err)
+			return fmt.Errorf("make %s read-only for the member: %w", f, err)
 		}
 	}
 	// The bundle is opened before its directory is hidden, and bound back

@@ -141,6 +141,20 @@ func cmdRun(args []string) int {
 		fmt.Fprintf(os.Stderr, "airlock run: %v\n", err)
 		return 1
 	}
+	// airlockd's config file and its directory are read-only to the
+	// member too, and so is upstream_ca_file: a member must not point a
+	// sandbox at a policy of its own for the next reload (design §8,
+	// invariant 15).
+	readOnly, roDirs := policies, []string(nil)
+	if cfg.Path != "" {
+		readOnly = append(readOnly, cfg.Path)
+		if dir := filepath.Dir(cfg.Path); dir != "/" {
+			roDirs = append(roDirs, dir)
+		}
+	}
+	if cfg.UpstreamCAFile != "" {
+		readOnly = append(readOnly, cfg.UpstreamCAFile)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	code, err := netns.Run(ctx, netns.RunConfig{
@@ -152,10 +166,11 @@ func cmdRun(args []string) int {
 		// The member sees the host's files, but not airlockd's token, CA
 		// keys, leases and API socket, and cannot edit any sandbox's
 		// policy (its own or another's).
-		Hide:     []string{cfg.StateDir, cfg.RunDir},
-		ReadOnly: policies,
-		UID:      uid,
-		GID:      gid,
+		Hide:         []string{cfg.StateDir, cfg.RunDir},
+		ReadOnly:     readOnly,
+		ReadOnlyDirs: roDirs,
+		UID:          uid,
+		GID:          gid,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "airlock run: %v\n", err)
