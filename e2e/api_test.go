@@ -251,3 +251,30 @@ func TestAPISandboxLifecycle(t *testing.T) {
 		t.Errorf("rules after delete:\n%s", out)
 	}
 }
+
+// TestReloadSaysWhatANewPolicyFileWidens: pointing a sandbox at another
+// policy file in airlockd's config is a policy edit like any other; the
+// reload that applies it lists what it widens, not only "changed".
+func TestReloadSaysWhatANewPolicyFileWidens(t *testing.T) {
+	w, cfg, _, token := apiSetup(t)
+	evil := filepath.Join(w.Dir, "evil.yaml")
+	write(t, evil, "sandbox:\n  unknown_action: allow\n  network_allowlist:\n    user:\n      - pattern: evil.test\n")
+	old, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, cfg, strings.Replace(string(old), filepath.Join(w.Dir, "default.yaml"), evil, 1))
+	code, body := call(t, w, token, "POST", "/reload", "")
+	var res struct{ Changed, Widened []string }
+	if err := json.Unmarshal([]byte(body), &res); code != 200 || err != nil {
+		t.Fatalf("reload: %d %s", code, body)
+	}
+	if len(res.Widened) != 1 {
+		t.Fatalf("reload widened = %q (changed %q); want what the new policy file widens", res.Widened, res.Changed)
+	}
+	for _, want := range []string{"default: policy file ", "→ " + evil, "unknown_action: ask → allow", "allow rule added: evil.test"} {
+		if !strings.Contains(res.Widened[0], want) {
+			t.Errorf("reload widened %q lacks %q", res.Widened[0], want)
+		}
+	}
+}

@@ -75,10 +75,19 @@ func (d *daemon) reload() (ui.ReloadResult, error) {
 		case keep:
 			// A new policy file that does not parse leaves the sandbox as it
 			// runs; the next reload tries again.
-			if _, err := policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy}); err != nil {
+			nextPolicy, err := policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy})
+			if err != nil {
 				res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s left as it runs: %v", sb.Name, err))
 				i++
 				continue
+			}
+			// Pointing a sandbox at another policy file is an edit of its
+			// policy like any other: what it widens is said (design §8,
+			// invariant 15).
+			before, after := s.policy.Spec(), nextPolicy.Spec()
+			if w := widenedBy(s.cfg, sb, &before, &after); w != "" {
+				res.Widened = append(res.Widened, w)
+				d.log.Warn("reload: the sandbox's new config widens access; applied", "sandbox", sb.Name, "policy", sb.Policy, "widens", w)
 			}
 			res.Changed = append(res.Changed, s.cfg.Name)
 			if sb.Subnet == s.cfg.Subnet {
@@ -143,6 +152,21 @@ func (d *daemon) reload() (ui.ReloadResult, error) {
 	cfg.Path, cfg.Sandboxes = next.Path, next.Sandboxes
 	d.cfg = &cfg
 	return res, nil
+}
+
+// widenedBy says what a sandbox's new config (another policy file, another
+// subnet) widens over the policy in force, as the reload result lists it,
+// or "" when it widens nothing.
+func widenedBy(run, next config.Sandbox, before, after *policy.Spec) string {
+	why := policy.Widens(before, after)
+	if len(why) == 0 {
+		return ""
+	}
+	w := next.Name + ": "
+	if run.Policy != next.Policy {
+		w += fmt.Sprintf("policy file %s → %s: ", run.Policy, next.Policy)
+	}
+	return w + strings.Join(why, "; ")
 }
 
 // restartKeys lists the settings that differ between the running config
