@@ -104,7 +104,7 @@ func benchWorld(b *testing.B, policy string) (*testworld.World, string, *testwor
 	policyA := filepath.Join(w.Dir, "app.yaml")
 	os.WriteFile(policyA, []byte(policy), 0o644)
 	cfg := filepath.Join(w.Dir, "airlockd.yaml")
-	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nupstream_ca_file: %[5]s\nexfil:\n  max_subdomains_per_minute: 1000000\nsandboxes:\n  - name: %[3]s\n    subnet: 10.88.0.0/24\n    policy: %[4]s\n",
+	os.WriteFile(cfg, []byte(fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nupstream_ca_file: %[5]s\nexfil:\n  max_subdomains_per_minute: 1000000\nlimits:\n  member_connections: 1000000\n  sandbox_connections: 1000000\n  member_held: 100000\n  sandbox_held: 100000\nsandboxes:\n  - name: %[3]s\n    subnet: 10.88.0.0/24\n    policy: %[4]s\n",
 		w.Dir, testworld.DNSAddr, sbA, policyA, w.CAFile)), 0o644)
 	d := w.StartDaemon(cfg)
 	direct, _ := w.DirectClient()

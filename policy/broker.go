@@ -6,11 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/ratelog"
 )
 
 // Resolution is the action a person takes on a pending approval.
@@ -122,6 +125,14 @@ type BrokerConfig struct {
 	OnEvent func(BrokerEvent)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// MaxHeldPerMember and MaxHeldPerSandbox bound the connections and
+	// requests held at once, for one member and in all; 0 means no bound.
+	// Beyond them an ask is denied at once, not held (design §8,
+	// invariant 17).
+	MaxHeldPerMember, MaxHeldPerSandbox int
+	// Logger gets those refusals, once per 10 s per member; nil means
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Broker holds traffic no rule decides until a person does. Connections of
@@ -130,7 +141,8 @@ type BrokerConfig struct {
 // does, so that a person decides exactly what they see, for the member
 // they see. It is safe for concurrent use.
 type Broker struct {
-	cfg BrokerConfig
+	cfg      BrokerConfig
+	refusals ratelog.Limiter
 
 	// mu guards pending.
 	mu      sync.Mutex
@@ -224,7 +236,14 @@ var ErrNoPending = errors.New("no such pending approval")
 // (denied), or ctx ends (denied, without deciding for others waiting).
 func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
 	w := &waiter{done: make(chan struct{})}
-	b.join(req, w)
+	if why := b.join(req, w); why != "" {
+		log := b.cfg.Logger
+		if log == nil {
+			log = slog.Default()
+		}
+		b.refusals.Log(log, req.Source, "ask refused: too many held", "sandbox", b.cfg.Sandbox.Name(), "source", req.Source, "host", req.Host, "reason", why)
+		return Outcome{Reason: why}
+	}
 	select {
 	case <-w.done:
 		return w.out
@@ -237,16 +256,35 @@ func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
 	}
 }
 
-func (b *Broker) join(req AskRequest, w *waiter) {
+// join holds w on the approval for req, opening one if need be; it
+// returns why not when a bound on held asks is reached.
+func (b *Broker) join(req AskRequest, w *waiter) string {
 	key := keyOf(req)
 	b.mu.Lock()
+	if b.cfg.MaxHeldPerMember > 0 || b.cfg.MaxHeldPerSandbox > 0 {
+		all, mine := 0, 0
+		for _, ps := range b.pending {
+			all += len(ps.waiters)
+			if ps.Source == req.Source {
+				mine += len(ps.waiters)
+			}
+		}
+		switch {
+		case b.cfg.MaxHeldPerSandbox > 0 && all >= b.cfg.MaxHeldPerSandbox:
+			b.mu.Unlock()
+			return fmt.Sprintf("too many held requests in the sandbox (limit %d); denied without asking", b.cfg.MaxHeldPerSandbox)
+		case b.cfg.MaxHeldPerMember > 0 && mine >= b.cfg.MaxHeldPerMember:
+			b.mu.Unlock()
+			return fmt.Sprintf("too many held requests of this member (limit %d); denied without asking", b.cfg.MaxHeldPerMember)
+		}
+	}
 	for _, ps := range b.pending {
 		if ps.key == key {
 			ps.waiters = append(ps.waiters, w)
 			ps.Waiting = len(ps.waiters)
 			w.ps = ps
 			b.mu.Unlock()
-			return
+			return ""
 		}
 	}
 	sugg, _ := Suggest(req.Host)
@@ -268,6 +306,7 @@ func (b *Broker) join(req AskRequest, w *waiter) {
 	snapshot := b.openLocked(ps, []*waiter{w})
 	b.mu.Unlock()
 	b.emit(BrokerEvent{Kind: "opened", Pending: snapshot})
+	return ""
 }
 
 // openLocked gives ps a new ID and deadline, holds waiters on it and starts

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -524,5 +525,26 @@ func TestAskQuery(t *testing.T) {
 				t.Errorf("query is a request: %v, ask is a request: %v", got.IsRequest(), tt.req.isRequest())
 			}
 		})
+	}
+}
+
+// TestBrokerBoundsHeldAsks: over a member's or the sandbox's bound, an ask
+// is denied at once instead of held; others are still held.
+func TestBrokerBoundsHeldAsks(t *testing.T) {
+	b, _, _, _ := newTestBroker(t, time.Minute)
+	b.cfg.MaxHeldPerMember, b.cfg.MaxHeldPerSandbox = 2, 3
+	for i := range 2 {
+		ask(t, b, AskRequest{Source: "agent", Host: fmt.Sprintf("h%d.test", i), Port: 443})
+		waitPending(t, b, i+1, i+1)
+	}
+	over := ask(t, b, AskRequest{Source: "agent", Host: "h9.test", Port: 443})
+	if o := outcome(t, over); o.Allowed || !strings.Contains(o.Reason, "too many held requests of this member (limit 2)") {
+		t.Errorf("a member's third held ask: %+v, want denied at once", o)
+	}
+	ask(t, b, AskRequest{Source: "mcp:x", Host: "h3.test", Port: 443})
+	waitPending(t, b, 3, 3)
+	full := ask(t, b, AskRequest{Source: "mcp:y", Host: "h4.test", Port: 443})
+	if o := outcome(t, full); o.Allowed || !strings.Contains(o.Reason, "in the sandbox (limit 3)") {
+		t.Errorf("an ask over the sandbox's bound: %+v, want denied at once", o)
 	}
 }

@@ -7,13 +7,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -513,4 +516,120 @@ func TestSSRFGuardRefusesThisHost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConnectionLimits: a member at its limit is refused at once, another
+// member still gets through up to the sandbox's limit, a closed connection
+// gives its place back, and another sandbox's proxy is not touched by
+// this one's load. Refusals are recorded each time and logged once.
+func TestConnectionLimits(t *testing.T) {
+	silent, err := net.Listen("tcp4", "127.0.0.1:0") // answers nothing, holds connections open
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	port := uint16(silent.Addr().(*net.TCPAddr).Port)
+	var logs safeBuffer
+	newProxy := func() *harness {
+		return newHarness(t, &upstream{}, netip.AddrPortFrom(fake("ssh.test"), port), rules(port, fmt.Sprintf("ssh.test:%d", port)), func(c *Config) {
+			c.MaxConnsPerMember, c.MaxConnsPerSandbox = 3, 5
+			c.Members = func(a netip.Addr) string { return "member-" + a.String() }
+			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		})
+	}
+	a, b := newProxy(), newProxy()
+	dialFrom := func(h *harness, src string) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := d.Dial("tcp4", h.proxy.Addr().String())
+		if err != nil {
+			return nil // reset before the dial returned: refused
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// refused reports a connection the proxy reset (a carried one to the
+	// silent server reads nothing).
+	refused := func(c net.Conn) bool {
+		if c == nil {
+			return true
+		}
+		c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return !(errors.As(err, &ne) && ne.Timeout())
+	}
+	var held []net.Conn
+	for range 3 {
+		c := dialFrom(a, "127.0.0.2")
+		if refused(c) {
+			t.Fatal("a member under its limit was refused")
+		}
+		held = append(held, c)
+	}
+	if c := dialFrom(a, "127.0.0.2"); !refused(c) {
+		t.Error("a member over its limit (3) was carried")
+	}
+	for range 2 {
+		if c := dialFrom(a, "127.0.0.3"); refused(c) {
+			t.Error("another member under the sandbox's limit was refused")
+		}
+	}
+	if c := dialFrom(a, "127.0.0.4"); !refused(c) {
+		t.Error("a connection over the sandbox's limit (5) was carried")
+	}
+	if c := dialFrom(b, "127.0.0.2"); refused(c) {
+		t.Error("another sandbox's proxy refused a member for this one's load")
+	}
+	held[0].Close()
+	for deadline := time.Now().Add(5 * time.Second); a.proxy.Active() > 4; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a closed connection kept its place")
+		}
+	}
+	if c := dialFrom(a, "127.0.0.2"); refused(c) {
+		t.Error("a member under its limit again was refused")
+	}
+	for range 20 {
+		dialFrom(a, "127.0.0.2")
+	}
+	waitRecords(t, a, 22)
+	denied := 0
+	for _, r := range a.Records() {
+		if r.Verdict == "deny" && strings.Contains(r.Reason, "limit") {
+			denied++
+		}
+	}
+	if denied < 21 {
+		t.Errorf("%d refusals recorded, want every one of at least 21", denied)
+	}
+	if n := strings.Count(logs.String(), "source=member-127.0.0.2 reason=\"the member's connection limit"); n != 1 {
+		t.Errorf("%d log lines for member-127.0.0.2's refusals, want 1 per interval:\n%s", n, logs.String())
+	}
+}
+
+// safeBuffer is a bytes.Buffer for several goroutines.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

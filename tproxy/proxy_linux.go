@@ -109,6 +109,13 @@ type Config struct {
 	// AllowECH reports whether the sandbox lets a ClientHello with
 	// encrypted_client_hello be spliced (allow_ech); nil means it does not.
 	AllowECH func() bool
+	// MaxConnsPerMember bounds one member's open connections; 0 means no
+	// bound. airlockd derives it from its descriptor limit
+	// (DefaultLimits).
+	MaxConnsPerMember int
+	// MaxConnsPerSandbox bounds the sandbox's open connections; 0 means
+	// no bound.
+	MaxConnsPerSandbox int
 	// IsLocal reports an address of this host; such upstreams are refused
 	// like loopback (the host's own services). nil means none.
 	IsLocal func(netip.Addr) bool
@@ -155,7 +162,8 @@ type Proxy struct {
 	peekBufs sync.Pool
 	pipes    *pipePool
 
-	h1 *h1Pool // interception's upstream connections
+	h1     *h1Pool // interception's upstream connections
+	limits *limiter
 }
 
 type tracked struct {
@@ -193,6 +201,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: log.With("component", "tproxy", "sandbox", cfg.Sandbox),
 		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop, pipes: newPipePool(64)}
 	p.h1 = &h1Pool{p: p, idle: map[string][]*h1Upstream{}, transports: map[string]*http.Transport{}}
+	p.limits = newLimiter(cfg.MaxConnsPerMember, cfg.MaxConnsPerSandbox, p.log)
 	return p, nil
 }
 
@@ -265,12 +274,23 @@ func (p *Proxy) accept() {
 			continue
 		}
 		tc := c.(*net.TCPConn)
+		// Limits are checked before anything else: a refused connection
+		// holds its descriptor for no longer than it takes to reset it.
+		member := p.memberOf(tc)
+		if why := p.limits.acquire(member); why != "" {
+			tc.SetLinger(0)
+			tc.Close()
+			now := time.Now()
+			p.finish(Record{ID: p.ids.Add(1), Time: now, Sandbox: p.cfg.Sandbox, Source: member, Verdict: "deny", Reason: why, Close: "reset"}, false)
+			continue
+		}
 		p.mu.Lock()
 		p.conns[tc] = &tracked{}
 		p.mu.Unlock()
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
+			defer p.limits.release(member)
 			p.handle(tc)
 			p.mu.Lock()
 			delete(p.conns, tc)
@@ -300,15 +320,9 @@ func (p *Proxy) handle(client *net.TCPConn) {
 	defer func() {
 		client.Close()
 		c.rec.Duration = time.Since(c.start)
-		p.finish(c.rec)
+		p.finish(c.rec, true)
 	}()
-	src := client.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
-	c.rec.Source = src.String()
-	if p.cfg.Members != nil {
-		if s := p.cfg.Members(src); s != "" {
-			c.rec.Source = s
-		}
-	}
+	c.rec.Source = p.memberOf(client)
 	dst, err := p.cfg.OrigDst(client)
 	if err != nil {
 		p.reset(c, "no original destination: "+err.Error())
@@ -457,6 +471,18 @@ func isWebPort(port uint16) bool {
 		return true
 	}
 	return false
+}
+
+// memberOf names the member behind a connection: its label, or its
+// address.
+func (p *Proxy) memberOf(c *net.TCPConn) string {
+	src := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	if p.cfg.Members != nil {
+		if s := p.cfg.Members(src); s != "" {
+			return s
+		}
+	}
+	return src.String()
 }
 
 // claimedName is the name the client's first bytes ask for: the SNI, or
@@ -829,10 +855,12 @@ func (p *Proxy) reset(c *conn, reason string) {
 	c.client.SetLinger(0)
 }
 
-func (p *Proxy) finish(r Record) {
+// finish records a connection, and logs it unless log is false (a
+// refusal the limiter logs once per interval).
+func (p *Proxy) finish(r Record, log bool) {
 	// Checked first: boxing the attributes costs allocations on every
 	// connection, also when the line is not written.
-	if ctx, level := context.Background(), p.level(r.Verdict); p.log.Enabled(ctx, level) {
+	if ctx, level := context.Background(), p.level(r.Verdict); log && p.log.Enabled(ctx, level) {
 		p.log.Log(ctx, level, "connection",
 			"source", r.Source, "host", r.Host, "port", r.Port, "verdict", r.Verdict, "rule", r.Rule,
 			"reason", r.Reason, "dest", r.Dest, "upstream", r.Upstream, "up", r.Up, "down", r.Down,

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/dnsgate"
 	"github.com/airlockhq/airlock/internal/audit"
@@ -344,11 +345,13 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		return nil, err
 	}
 	s.closers = append(s.closers, gate.Close)
-	s.broker, err = policy.NewBroker(policy.BrokerConfig{Sandbox: s.policy, OnEvent: func(e policy.BrokerEvent) {
-		log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
-			"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting)
-		record(approvalEntry(e))
-	}})
+	limits := d.limits()
+	s.broker, err = policy.NewBroker(policy.BrokerConfig{Sandbox: s.policy, Logger: log,
+		MaxHeldPerMember: limits.MemberHeld, MaxHeldPerSandbox: limits.SandboxHeld, OnEvent: func(e policy.BrokerEvent) {
+			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
+				"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting)
+			record(approvalEntry(e))
+		}})
 	if err != nil {
 		return nil, err
 	}
@@ -356,24 +359,26 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		return nil, err
 	}
 	s.proxy, err = tproxy.New(tproxy.Config{
-		Sandbox:       sb.Name,
-		Listen:        netip.AddrPortFrom(s.net.Gateway, cfg.ProxyPort),
-		Policy:        s.policy,
-		Approvals:     s.broker,
-		Names:         pool,
-		IsLocal:       d.local.Contains,
-		Resolve:       dnsgate.NewResolver(d.upstream, guard, nil).LookupA,
-		Members:       members,
-		OnRecord:      func(r tproxy.Record) { record(connEntry(r)) },
-		OnRequest:     func(r tproxy.RequestRecord) { record(requestEntry(r)) },
-		CA:            s.ca,
-		UpstreamRoots: d.roots,
-		InspectAll:    s.policy.InspectAll,
-		AllowECH:      s.policy.AllowECH,
-		Logger:        log,
-		LogAllowed:    cfg.LogAllowed,
-		DrainTimeout:  drainTimeout(cfg.Drain),
-		ApprovalURL:   apiURL(cfg.APIListen),
+		Sandbox:            sb.Name,
+		Listen:             netip.AddrPortFrom(s.net.Gateway, cfg.ProxyPort),
+		Policy:             s.policy,
+		Approvals:          s.broker,
+		Names:              pool,
+		IsLocal:            d.local.Contains,
+		Resolve:            dnsgate.NewResolver(d.upstream, guard, nil).LookupA,
+		Members:            members,
+		OnRecord:           func(r tproxy.Record) { record(connEntry(r)) },
+		OnRequest:          func(r tproxy.RequestRecord) { record(requestEntry(r)) },
+		CA:                 s.ca,
+		UpstreamRoots:      d.roots,
+		InspectAll:         s.policy.InspectAll,
+		MaxConnsPerMember:  limits.MemberConnections,
+		MaxConnsPerSandbox: limits.SandboxConnections,
+		AllowECH:           s.policy.AllowECH,
+		Logger:             log,
+		LogAllowed:         cfg.LogAllowed,
+		DrainTimeout:       drainTimeout(cfg.Drain),
+		ApprovalURL:        apiURL(cfg.APIListen),
 	})
 	if err != nil {
 		return nil, err
@@ -546,6 +551,18 @@ func (d *daemon) close() {
 
 // drainTimeout is the proxy's DrainTimeout for the config's drain_seconds,
 // where 0 means none rather than the default.
+// limits are the config's limits, the defaults derived from the
+// descriptor limit the process has (Go raises its soft limit to the hard
+// one at start; the unit sets LimitNOFILE).
+func (d *daemon) limits() config.Limits {
+	var rl unix.Rlimit
+	nofile := uint64(1024)
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil {
+		nofile = rl.Cur
+	}
+	return config.DefaultLimits(d.cfg.Limits, nofile, len(d.cfg.Sandboxes))
+}
+
 func drainTimeout(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1

@@ -70,8 +70,64 @@ type Config struct {
 	PolicyPoll time.Duration
 	// Drain is how long a stopping airlockd lets open connections finish
 	// before it closes them. Default 5 s.
-	Drain     time.Duration
+	Drain time.Duration
+	// Limits bound what one member and one sandbox may hold open; zero
+	// fields take DefaultLimits.
+	Limits    Limits
 	Sandboxes []Sandbox
+}
+
+// Limits bound the connections and held approvals of one member and of one
+// sandbox, so that neither can take what the others need (docs/design.md
+// §8, invariant 17). Zero means the default.
+type Limits struct {
+	MemberConnections  int `yaml:"member_connections"`
+	SandboxConnections int `yaml:"sandbox_connections"`
+	MemberHeld         int `yaml:"member_held"`
+	SandboxHeld        int `yaml:"sandbox_held"`
+}
+
+// Limits' defaults beyond the connection counts, and what the connection
+// defaults leave to airlockd itself.
+const (
+	DefaultMemberHeld  = 32
+	DefaultSandboxHeld = 128
+	// reservedFDs are kept for airlockd itself: the API and its clients,
+	// the gates' sockets, upstream DNS, logs, leases, netlink.
+	reservedFDs = 1024
+	// fdsPerConn is what a proxied connection may hold: the client's
+	// socket, the upstream's, and a spare for interception's pool.
+	fdsPerConn = 3
+	// sandboxShares is how many sandboxes the descriptors are shared
+	// among, at least: API-made sandboxes come and go after the limits are
+	// set.
+	sandboxShares = 8
+)
+
+// DefaultLimits fills the zero fields of l from the process's descriptor
+// limit nofile and the number of configured sandboxes: what is left after
+// reservedFDs is split into max(sandboxes, 8) equal shares of fdsPerConn
+// descriptors per connection, so that every sandbox at its limit still
+// fits beside the others; a member may take half of its sandbox's share.
+// With LimitNOFILE=1048576 (the unit's) that is 43,648 connections a
+// sandbox and 21,824 a member.
+func DefaultLimits(l Limits, nofile uint64, sandboxes int) Limits {
+	shares := max(sandboxes, sandboxShares)
+	usable := int64(nofile) - reservedFDs
+	perSandbox := int(max(usable/int64(shares*fdsPerConn), 16))
+	if l.SandboxConnections == 0 {
+		l.SandboxConnections = perSandbox
+	}
+	if l.MemberConnections == 0 {
+		l.MemberConnections = max(l.SandboxConnections/2, 8)
+	}
+	if l.MemberHeld == 0 {
+		l.MemberHeld = DefaultMemberHeld
+	}
+	if l.SandboxHeld == 0 {
+		l.SandboxHeld = DefaultSandboxHeld
+	}
+	return l
 }
 
 // Exfil tunes the DNS exfiltration guard; zero values take dnsgate's
@@ -106,6 +162,7 @@ type fileConfig struct {
 	LogAllowed     bool          `yaml:"log_allowed"`
 	PolicyPoll     *float64      `yaml:"policy_poll_seconds"`
 	Drain          *float64      `yaml:"drain_seconds"`
+	Limits         Limits        `yaml:"limits"`
 	Sandboxes      []fileSandbox `yaml:"sandboxes"`
 }
 
@@ -145,6 +202,7 @@ func Parse(name string, data []byte) (*Config, error) {
 		UpstreamDNS:    fc.UpstreamDNS,
 		UpstreamCAFile: fc.UpstreamCAFile,
 		Exfil:          fc.Exfil,
+		Limits:         fc.Limits,
 		LogAllowed:     fc.LogAllowed,
 	}
 	if len(c.UpstreamDNS) == 0 {
@@ -173,6 +231,9 @@ func Parse(name string, data []byte) (*Config, error) {
 		return nil, bad("proxy_port %d: want 1 to 65535, not 53", fc.ProxyPort)
 	default:
 		c.ProxyPort = uint16(fc.ProxyPort)
+	}
+	if l := c.Limits; l.MemberConnections < 0 || l.SandboxConnections < 0 || l.MemberHeld < 0 || l.SandboxHeld < 0 {
+		return nil, bad("limits: member_connections, sandbox_connections, member_held and sandbox_held want a positive number, or 0 for the default")
 	}
 	if c.Exfil.MaxLabelLen < 0 || c.Exfil.MaxLabelLen > 63 || c.Exfil.MaxSubdomainsPerMinute < 0 {
 		return nil, bad("exfil: max_label_len wants 1 to 63, max_subdomains_per_minute a positive number")

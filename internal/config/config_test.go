@@ -94,3 +94,30 @@ func TestParseErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestDefaultLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		set       Limits
+		nofile    uint64
+		sandboxes int
+		want      Limits
+	}{
+		{"the unit's limit", Limits{}, 1 << 20, 1, Limits{MemberConnections: 21824, SandboxConnections: 43648, MemberHeld: 32, SandboxHeld: 128}},
+		{"many sandboxes share it", Limits{}, 1 << 20, 16, Limits{MemberConnections: 10912, SandboxConnections: 21824, MemberHeld: 32, SandboxHeld: 128}},
+		{"a container's 20,000", Limits{}, 20000, 1, Limits{MemberConnections: 395, SandboxConnections: 790, MemberHeld: 32, SandboxHeld: 128}},
+		{"a tiny limit keeps a floor", Limits{}, 1024, 1, Limits{MemberConnections: 8, SandboxConnections: 16, MemberHeld: 32, SandboxHeld: 128}},
+		{"set values stay", Limits{MemberConnections: 5, SandboxHeld: 7}, 1 << 20, 1, Limits{MemberConnections: 5, SandboxConnections: 43648, MemberHeld: 32, SandboxHeld: 7}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := DefaultLimits(tc.set, tc.nofile, tc.sandboxes)
+			if got != tc.want {
+				t.Errorf("DefaultLimits = %+v, want %+v", got, tc.want)
+			}
+			// Every sandbox at its limit fits beside the others.
+			if tc.set == (Limits{}) && tc.nofile > 2*reservedFDs && uint64(got.SandboxConnections*fdsPerConn*max(tc.sandboxes, sandboxShares)+reservedFDs) > tc.nofile {
+				t.Errorf("%d sandboxes of %d connections do not fit in %d descriptors", max(tc.sandboxes, sandboxShares), got.SandboxConnections, tc.nofile)
+			}
+		})
+	}
+}
