@@ -95,22 +95,23 @@ const (
 	// reservedFDs are kept for airlockd itself: the API and its clients,
 	// the gates' sockets, upstream DNS, logs, leases, netlink.
 	reservedFDs = 1024
-	// fdsPerConn is what a proxied connection may hold: the client's
-	// socket, the upstream's, and a spare for interception's pool.
-	fdsPerConn = 3
+	// fdsPerConn is what a proxied connection holds: the client's socket
+	// and the upstream's (splice pipes and interception's idle upstream
+	// connections are pooled, and bounded apart).
+	fdsPerConn = 2
 	// sandboxShares is how many sandboxes the descriptors are shared
 	// among, at least: API-made sandboxes come and go after the limits are
 	// set.
-	sandboxShares = 8
+	sandboxShares = 4
 )
 
 // DefaultLimits fills the zero fields of l from the process's descriptor
 // limit nofile and the number of configured sandboxes: what is left after
-// reservedFDs is split into max(sandboxes, 8) equal shares of fdsPerConn
+// reservedFDs is split into max(sandboxes, 4) equal shares of fdsPerConn
 // descriptors per connection, so that every sandbox at its limit still
 // fits beside the others; a member may take half of its sandbox's share.
-// With LimitNOFILE=1048576 (the unit's) that is 43,648 connections a
-// sandbox and 21,824 a member.
+// With LimitNOFILE=1048576 (the unit's) that is 130,944 connections a
+// sandbox and 65,472 a member.
 func DefaultLimits(l Limits, nofile uint64, sandboxes int) Limits {
 	shares := max(sandboxes, sandboxShares)
 	usable := int64(nofile) - reservedFDs

@@ -103,11 +103,11 @@ func TestDefaultLimits(t *testing.T) {
 		sandboxes int
 		want      Limits
 	}{
-		{"the unit's limit", Limits{}, 1 << 20, 1, Limits{MemberConnections: 21824, SandboxConnections: 43648, MemberHeld: 32, SandboxHeld: 128}},
-		{"many sandboxes share it", Limits{}, 1 << 20, 16, Limits{MemberConnections: 10912, SandboxConnections: 21824, MemberHeld: 32, SandboxHeld: 128}},
-		{"a container's 20,000", Limits{}, 20000, 1, Limits{MemberConnections: 395, SandboxConnections: 790, MemberHeld: 32, SandboxHeld: 128}},
+		{"the unit's limit", Limits{}, 1 << 20, 1, Limits{MemberConnections: 65472, SandboxConnections: 130944, MemberHeld: 32, SandboxHeld: 128}},
+		{"many sandboxes share it", Limits{}, 1 << 20, 16, Limits{MemberConnections: 16368, SandboxConnections: 32736, MemberHeld: 32, SandboxHeld: 128}},
+		{"a container's 20,000", Limits{}, 20000, 1, Limits{MemberConnections: 1186, SandboxConnections: 2372, MemberHeld: 32, SandboxHeld: 128}},
 		{"a tiny limit keeps a floor", Limits{}, 1024, 1, Limits{MemberConnections: 8, SandboxConnections: 16, MemberHeld: 32, SandboxHeld: 128}},
-		{"set values stay", Limits{MemberConnections: 5, SandboxHeld: 7}, 1 << 20, 1, Limits{MemberConnections: 5, SandboxConnections: 43648, MemberHeld: 32, SandboxHeld: 7}},
+		{"set values stay", Limits{MemberConnections: 5, SandboxHeld: 7}, 1 << 20, 1, Limits{MemberConnections: 5, SandboxConnections: 130944, MemberHeld: 32, SandboxHeld: 7}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := DefaultLimits(tc.set, tc.nofile, tc.sandboxes)
