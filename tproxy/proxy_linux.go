@@ -291,7 +291,7 @@ func (p *Proxy) accept() {
 		go func() {
 			defer p.wg.Done()
 			defer p.limits.release(member)
-			p.handle(tc)
+			p.handle(tc, member)
 			p.mu.Lock()
 			delete(p.conns, tc)
 			p.mu.Unlock()
@@ -314,7 +314,7 @@ type conn struct {
 	silent bool
 }
 
-func (p *Proxy) handle(client *net.TCPConn) {
+func (p *Proxy) handle(client *net.TCPConn, member string) {
 	c := &conn{client: client, start: time.Now()}
 	c.rec = Record{ID: p.ids.Add(1), Time: c.start, Sandbox: p.cfg.Sandbox, Verdict: "deny"}
 	defer func() {
@@ -322,7 +322,7 @@ func (p *Proxy) handle(client *net.TCPConn) {
 		c.rec.Duration = time.Since(c.start)
 		p.finish(c.rec, true)
 	}()
-	c.rec.Source = p.memberOf(client)
+	c.rec.Source = member
 	dst, err := p.cfg.OrigDst(client)
 	if err != nil {
 		p.reset(c, "no original destination: "+err.Error())
