@@ -351,16 +351,25 @@ func (b *Broker) leave(w *waiter) bool {
 	return true
 }
 
-// resolve answers every waiter of a pending approval with out; it is a
-// no-op when the approval was already decided.
-func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rule) bool {
-	b.mu.Lock()
+// takeLocked takes a pending approval that is being decided off the list
+// and stops its timeout; it reports false when it was decided already.
+func (b *Broker) takeLocked(ps *pendingState) bool {
 	if _, ok := b.pending[ps.ID]; !ok {
-		b.mu.Unlock()
 		return false
 	}
 	delete(b.pending, ps.ID)
 	ps.timer.Stop()
+	return true
+}
+
+// resolve answers every waiter of a pending approval with out; it is a
+// no-op when the approval was already decided.
+func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rule) bool {
+	b.mu.Lock()
+	if !b.takeLocked(ps) {
+		b.mu.Unlock()
+		return false
+	}
 	waiters := ps.waiters
 	ps.waiters = nil
 	snapshot := ps.Pending
@@ -382,12 +391,10 @@ func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rul
 // are asked about again, as a new approval.
 func (b *Broker) allowOnce(ps *pendingState) bool {
 	b.mu.Lock()
-	if _, ok := b.pending[ps.ID]; !ok {
+	if !b.takeLocked(ps) {
 		b.mu.Unlock()
 		return false
 	}
-	delete(b.pending, ps.ID)
-	ps.timer.Stop()
 	first, rest := ps.waiters[0], ps.waiters[1:]
 	ps.waiters = nil
 	decided := ps.Pending

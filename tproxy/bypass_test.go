@@ -16,13 +16,13 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/airlockhq/airlock/internal/testworld"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -538,7 +538,7 @@ func TestConnectionLimits(t *testing.T) {
 		}
 	}()
 	port := uint16(silent.Addr().(*net.TCPAddr).Port)
-	var logs safeBuffer
+	var logs testworld.SyncBuffer
 	newProxy := func() *harness {
 		return newHarness(t, &upstream{}, netip.AddrPortFrom(fake("ssh.test"), port), rules(port, fmt.Sprintf("ssh.test:%d", port)), func(c *Config) {
 			c.MaxConnsPerMember, c.MaxConnsPerSandbox = 3, 5
@@ -614,22 +614,4 @@ func TestConnectionLimits(t *testing.T) {
 	if n := strings.Count(logs.String(), "source=member-127.0.0.2 reason=\"the member's connection limit"); n != 1 {
 		t.Errorf("%d log lines for member-127.0.0.2's refusals, want 1 per interval:\n%s", n, logs.String())
 	}
-}
-
-// safeBuffer is a bytes.Buffer for several goroutines.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
