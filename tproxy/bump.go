@@ -157,8 +157,11 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	// The request must be for the host the connection was decided for:
 	// anything else is domain fronting.
-	reqHost := stripPort(r.Host)
-	if n, err := policy.NormalizeHost(reqHost); err != nil || n != h.host {
+	reqHost, reqPort := r.Host, ""
+	if i := strings.LastIndexByte(r.Host, ':'); i >= 0 && !strings.Contains(r.Host, "]") {
+		reqHost, reqPort = r.Host[:i], r.Host[i+1:]
+	}
+	if n, err := policy.NormalizeHost(reqHost); err != nil || n != h.host || !validPort(reqPort) {
 		rec.Reason = fmt.Sprintf("request for %q on a connection for %s (domain fronting)", r.Host, h.host)
 		h.forbid(rw, r, &rec)
 		return
@@ -222,6 +225,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The upstream is the connection's name and port, whatever the Host
 	// header's spelling or (missing) port.
 	ctx = context.WithValue(ctx, targetKey{}, net.JoinHostPort(h.host, strconv.Itoa(int(h.port))))
+	ctx = context.WithValue(ctx, authorityKey{}, authority)
 	h.fwd.ServeHTTP(rw, r.WithContext(ctx))
 }
 
@@ -282,9 +286,23 @@ func stripUpgrade(h http.Header) {
 }
 
 type (
-	sourceKey struct{}
-	targetKey struct{}
+	sourceKey    struct{}
+	targetKey    struct{}
+	authorityKey struct{}
 )
+
+// validPort reports the port of a Host header: none, or 1 to 5 digits.
+func validPort(p string) bool {
+	if len(p) > 5 {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] < '0' || p[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
 
 // copyBuffers lends the ReverseProxy the buffers it copies response bodies
 // with; without it each response allocates 32 KiB.
@@ -303,7 +321,9 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = scheme
 			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
-			pr.Out.Host = pr.In.Host // checked to name the connection's host
+			// The Host header says exactly what was decided, whatever
+			// spelling the client used (case, a trailing dot, a port).
+			pr.Out.Host = pr.In.Context().Value(authorityKey{}).(string)
 		},
 		Transport:  tr,
 		BufferPool: copyBuffers,

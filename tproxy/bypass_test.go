@@ -615,3 +615,47 @@ func TestConnectionLimits(t *testing.T) {
 		t.Errorf("%d log lines for member-127.0.0.2's refusals, want 1 per interval:\n%s", n, logs.String())
 	}
 }
+
+// TestHostHeaderForwardedAsDecided: the upstream gets the Host that was
+// decided, in one spelling, whatever the client wrote; a Host with more
+// than a name and a numeric port is refused.
+func TestHostHeaderForwardedAsDecided(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpPort
+	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
+	want := fmt.Sprintf("allowed.test:%d", port)
+	for _, tc := range []struct {
+		host string
+		ok   bool
+	}{
+		{want, true},
+		{fmt.Sprintf("ALLOWED.Test:%d", port), true},
+		{fmt.Sprintf("allowed.test.:%d", port), true},
+		{"allowed.test", true},
+		{fmt.Sprintf("allowed.test:%d@other.test", port), false},
+		{"allowed.test:80x", false},
+		{"allowed.test:123456", false},
+		{"[::1]:80", false},
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			before := len(up.requests())
+			c, err := net.Dial("tcp4", h.proxy.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "GET /h HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", tc.host)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			got := up.requests()[before:]
+			switch {
+			case err != nil && tc.ok:
+				t.Fatalf("Host %q: %v", tc.host, err)
+			case tc.ok && (resp.StatusCode != 200 || !slices.Equal(got, []string{want + " /h"})):
+				t.Errorf("Host %q: %d, upstream got %q; want 200 and Host %s", tc.host, resp.StatusCode, got, want)
+			case !tc.ok && (err == nil && resp.StatusCode < 400 || len(got) != 0):
+				t.Errorf("Host %q: carried (upstream got %q)", tc.host, got)
+			}
+		})
+	}
+}
