@@ -181,14 +181,14 @@ func TestRulesThroughTheAPI(t *testing.T) {
 	if code != 201 {
 		t.Fatalf("add: %d %s", code, body)
 	}
-	var r ruleView
+	var r RuleView
 	json.Unmarshal([]byte(body), &r)
 	file, _ := os.ReadFile(h.policy)
 	if !strings.Contains(string(file), `pattern: "*.example.com"`) || !strings.Contains(string(file), "name: myapp  # stays") {
 		t.Errorf("policy file after add:\n%s", file)
 	}
 	code, body = h.do(t, "GET", "/api/v1/sandboxes/myapp/allowlist", "")
-	var list []ruleView
+	var list []RuleView
 	json.Unmarshal([]byte(body), &list)
 	tiers := map[string]int{}
 	for _, x := range list {
@@ -274,7 +274,7 @@ func TestPatternTest(t *testing.T) {
 		`{"pattern": "*.unknown.com/api/v*", "urls": ["https://api.unknown.com/api/v1/data", "https://cdn.unknown.com/api/v2/files", "https://api.unknown.com/other/path", "ftp://x"]}`)
 	var out struct {
 		Valid    bool
-		Results  []testResult
+		Results  []TestResult
 		Recorded int `json:"recorded_matches"`
 	}
 	json.Unmarshal([]byte(body), &out)
@@ -298,7 +298,7 @@ func TestApprovalsThroughTheAPI(t *testing.T) {
 	go func() {
 		done <- h.sb.broker.Ask(context.Background(), policy.AskRequest{Source: "agent", Host: "api.unknown.com", Port: 443})
 	}()
-	var list []approvalView
+	var list []ApprovalView
 	for deadline := time.Now().Add(5 * time.Second); len(list) == 0; time.Sleep(5 * time.Millisecond) {
 		_, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/approvals", "")
 		json.Unmarshal([]byte(body), &list)
@@ -494,7 +494,7 @@ func TestUnixSocketAndClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sbs []sandboxView
+	var sbs []SandboxView
 	if err := c.Do(context.Background(), "GET", "/sandboxes", nil, &sbs); err != nil || len(sbs) != 1 || sbs[0].Name != "myapp" {
 		t.Errorf("sandboxes over the socket: %+v %v", sbs, err)
 	}
@@ -744,7 +744,7 @@ func TestRuleTypeIsTheForm(t *testing.T) {
 	} {
 		body, _ := json.Marshal(map[string]string{"pattern": pattern})
 		code, resp := h.do(t, "POST", "/api/v1/sandboxes/myapp/allowlist", string(body))
-		var r ruleView
+		var r RuleView
 		if err := json.Unmarshal([]byte(resp), &r); code != 201 || err != nil || r.Type != want {
 			t.Errorf("add %q: %d %s, want type %q", pattern, code, resp, want)
 		}

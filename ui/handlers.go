@@ -14,33 +14,11 @@ import (
 	"github.com/airlockhq/airlock/policy"
 )
 
-type sandboxView struct {
-	Name            string    `json:"name"`
-	Subnet          string    `json:"subnet"`
-	Policy          string    `json:"policy"`
-	Enabled         bool      `json:"enabled"`
-	UnknownAction   string    `json:"unknown_action"`
-	ApprovalTimeout int       `json:"approval_timeout"`
-	Inspect         string    `json:"inspect"`
-	Rules           int       `json:"rules"`
-	Pending         int       `json:"pending"`
-	MCPServers      []mcpView `json:"mcp_servers"`
-}
-
-type mcpView struct {
-	Name      string   `json:"name"`
-	Transport string   `json:"transport"`
-	Known     bool     `json:"known"`
-	Network   string   `json:"network"` // none, domains, any-url, unknown
-	Domains   []string `json:"domains"`
-	Risk      string   `json:"risk"` // none, low, medium, high, unknown
-}
-
-func viewSandbox(sb Sandbox) sandboxView {
+func viewSandbox(sb Sandbox) SandboxView {
 	spec := sb.Policy().Spec()
-	mcp := []mcpView{}
+	mcp := []MCPView{}
 	for _, m := range spec.MCPServers {
-		v := mcpView{Name: m.Name, Transport: m.Transport, Network: "unknown", Risk: "unknown", Domains: []string{}}
+		v := MCPView{Name: m.Name, Transport: m.Transport, Network: "unknown", Risk: "unknown", Domains: []string{}}
 		if k, ok := policy.LookupMCPServer(m.Name); ok {
 			v.Known, v.Network, v.Risk, v.Domains = true, k.Network.String(), k.Risk.String(), k.Domains
 			if v.Domains == nil {
@@ -49,7 +27,7 @@ func viewSandbox(sb Sandbox) sandboxView {
 		}
 		mcp = append(mcp, v)
 	}
-	return sandboxView{
+	return SandboxView{
 		MCPServers: mcp,
 		Name:       sb.Name(), Subnet: sb.Subnet(), Policy: sb.Policy().Path(), Enabled: spec.Enabled,
 		UnknownAction: spec.UnknownAction.String(), ApprovalTimeout: int(spec.ApprovalTimeout / time.Second),
@@ -58,7 +36,7 @@ func viewSandbox(sb Sandbox) sandboxView {
 }
 
 func (s *Server) listSandboxes(c echo.Context) error {
-	out := []sandboxView{}
+	out := []SandboxView{}
 	for _, sb := range s.cfg.Sandboxes() {
 		out = append(out, viewSandbox(sb))
 	}
@@ -120,21 +98,8 @@ func (s *Server) getSandbox(c echo.Context) error {
 	return c.JSON(http.StatusOK, viewSandbox(sandboxOf(c)))
 }
 
-type ruleView struct {
-	ID      string     `json:"id"`
-	Pattern string     `json:"pattern"`
-	Type    string     `json:"type"` // policy.Pattern.Form: exact, wildcard, path, wildcard-path, method, regex, cidr, any
-	Tier    string     `json:"tier"` // auto, user, session
-	List    string     `json:"list"`
-	Source  string     `json:"source,omitempty"`
-	Member  string     `json:"member,omitempty"`
-	Added   *time.Time `json:"added,omitempty"`
-	Forced  bool       `json:"forced,omitempty"`
-	LLM     bool       `json:"llm,omitempty"` // the pattern names a known LLM API
-}
-
-func viewRule(r *policy.Rule) ruleView {
-	v := ruleView{ID: r.ID, Pattern: r.Pattern.String(), Type: r.Pattern.Form(), Tier: r.Tier.String(),
+func viewRule(r *policy.Rule) RuleView {
+	v := RuleView{ID: r.ID, Pattern: r.Pattern.String(), Type: r.Pattern.Form(), Tier: r.Tier.String(),
 		List: r.List.String(), Source: r.Source, Member: r.Member, Forced: r.Forced, LLM: policy.IsLLMHost(r.Pattern.String())}
 	if !r.Added.IsZero() {
 		t := r.Added
@@ -145,7 +110,7 @@ func viewRule(r *policy.Rule) ruleView {
 
 func (s *Server) listRules(l policy.List) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		out := []ruleView{}
+		out := []RuleView{}
 		for _, r := range sandboxOf(c).Policy().Rules() {
 			if r.List == l {
 				out = append(out, viewRule(r))
@@ -155,17 +120,9 @@ func (s *Server) listRules(l policy.List) echo.HandlerFunc {
 	}
 }
 
-type addRuleBody struct {
-	Pattern string `json:"pattern"`
-	Persist bool   `json:"persist"`
-	Force   bool   `json:"force"`
-	Member  string `json:"member"`
-	Source  string `json:"source"`
-}
-
 func (s *Server) addRule(l policy.List) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		var b addRuleBody
+		var b AddRuleBody
 		if err := decode(c, &b); err != nil {
 			return err
 		}
@@ -221,23 +178,11 @@ func (s *Server) removeRule(l policy.List) echo.HandlerFunc {
 	}
 }
 
-type testBody struct {
-	Pattern string   `json:"pattern"`
-	URLs    []string `json:"urls"`
-	Force   bool     `json:"force"`
-}
-
-type testResult struct {
-	URL     string `json:"url"`
-	Matches bool   `json:"matches"`
-	Error   string `json:"error,omitempty"`
-}
-
 // testPattern answers the page's live preview: does the pattern parse, is
 // it broad, which sample URLs it matches, and how many recorded requests
 // it would have matched.
 func (s *Server) testPattern(c echo.Context) error {
-	var b testBody
+	var b TestBody
 	if err := decode(c, &b); err != nil {
 		return err
 	}
@@ -249,9 +194,9 @@ func (s *Server) testPattern(c echo.Context) error {
 		Broad    bool         `json:"broad"`
 		Error    string       `json:"error,omitempty"`
 		Type     string       `json:"type,omitempty"`
-		Results  []testResult `json:"results"`
+		Results  []TestResult `json:"results"`
 		Recorded int          `json:"recorded_matches"`
-	}{Results: []testResult{}}
+	}{Results: []TestResult{}}
 	p, err := policy.Parse(b.Pattern, policy.ParseOptions{Force: b.Force})
 	if errors.Is(err, policy.ErrBroad) {
 		out.Broad = true
@@ -266,10 +211,10 @@ func (s *Server) testPattern(c echo.Context) error {
 	for _, u := range b.URLs {
 		q, err := policy.SampleQuery(u)
 		if err != nil {
-			out.Results = append(out.Results, testResult{URL: u, Error: err.Error()})
+			out.Results = append(out.Results, TestResult{URL: u, Error: err.Error()})
 			continue
 		}
-		out.Results = append(out.Results, testResult{URL: u, Matches: p.Matches(q)})
+		out.Results = append(out.Results, TestResult{URL: u, Matches: p.Matches(q)})
 	}
 	for _, e := range sandboxOf(c).Journal().Query(audit.Filter{Kinds: []string{audit.KindConnection, audit.KindRequest}, Limit: 10000}) {
 		if q, ok := entryQuery(e); ok && p.Matches(q) {
@@ -291,23 +236,6 @@ func entryQuery(e audit.Entry) (policy.Query, bool) {
 	return policy.Query{Host: e.Host, Port: e.Port}, true
 }
 
-type approvalView struct {
-	ID          string              `json:"id"`
-	Source      string              `json:"source"`
-	Sources     []string            `json:"sources"`
-	Host        string              `json:"host"`
-	Port        uint16              `json:"port"`
-	Method      string              `json:"method,omitempty"`
-	URL         string              `json:"url"`
-	Created     time.Time           `json:"created"`
-	SecondsLeft float64             `json:"seconds_left"`
-	Waiting     int                 `json:"waiting"`
-	Suggestions []policy.Suggestion `json:"suggestions"`
-	Headers     map[string][]string `json:"headers,omitempty"`
-	LLM         bool                `json:"llm"`
-	Agent       string              `json:"agent,omitempty"` // the agent driving Source, when known
-}
-
 // AgentNamer is what a Sandbox may also do: name the agent that drives a
 // member (a container's airlock.agent label).
 type AgentNamer interface {
@@ -315,12 +243,12 @@ type AgentNamer interface {
 }
 
 func (s *Server) listApprovals(c echo.Context) error {
-	out := []approvalView{}
+	out := []ApprovalView{}
 	now := time.Now()
 	sb := sandboxOf(c)
 	agents, _ := sb.(AgentNamer)
 	for _, p := range sb.Broker().List() {
-		v := approvalView{ID: p.ID, Source: p.Source, Sources: p.Sources, Host: p.Host, Port: p.Port,
+		v := ApprovalView{ID: p.ID, Sandbox: sb.Name(), Source: p.Source, Sources: p.Sources, Host: p.Host, Port: p.Port,
 			Method: p.Method, URL: p.URL, Created: p.Created, SecondsLeft: max(0, p.Deadline.Sub(now).Seconds()),
 			Waiting: p.Waiting, Suggestions: p.Suggestions, Headers: p.Headers, LLM: policy.IsLLMHost(p.Host)}
 		if agents != nil {
@@ -331,15 +259,8 @@ func (s *Server) listApprovals(c echo.Context) error {
 	return c.JSON(http.StatusOK, out)
 }
 
-type decideBody struct {
-	Action  string `json:"action"`
-	Pattern string `json:"pattern"`
-	Persist bool   `json:"persist"`
-	Force   bool   `json:"force"`
-}
-
 func (s *Server) decide(c echo.Context) error {
-	var b decideBody
+	var b DecideBody
 	if err := decode(c, &b); err != nil {
 		return err
 	}

@@ -13,15 +13,8 @@ import (
 	"github.com/airlockhq/airlock/policy"
 )
 
-// settingsView is what GET and PATCH …/settings answer.
-type settingsView struct {
-	UnknownAction   string `json:"unknown_action"`
-	ApprovalTimeout int    `json:"approval_timeout"` // seconds
-	AllowECH        bool   `json:"allow_ech"`        // read-only here: set in the policy file
-}
-
-func viewSettings(spec policy.Spec) settingsView {
-	return settingsView{UnknownAction: spec.UnknownAction.String(), ApprovalTimeout: int(spec.ApprovalTimeout / time.Second), AllowECH: spec.AllowECH}
+func viewSettings(spec policy.Spec) SettingsView {
+	return SettingsView{UnknownAction: spec.UnknownAction.String(), ApprovalTimeout: int(spec.ApprovalTimeout / time.Second), AllowECH: spec.AllowECH}
 }
 
 func (s *Server) getSettings(c echo.Context) error {
@@ -31,10 +24,7 @@ func (s *Server) getSettings(c echo.Context) error {
 // patchSettings changes unknown_action and approval_timeout in the policy
 // file and in the running policy; a field left out stays as it is.
 func (s *Server) patchSettings(c echo.Context) error {
-	var b struct {
-		UnknownAction   *string `json:"unknown_action"`
-		ApprovalTimeout *int64  `json:"approval_timeout"`
-	}
+	var b SettingsPatch
 	if err := decode(c, &b); err != nil {
 		return err
 	}

@@ -106,14 +106,14 @@ func TestSettingsNeedCSRF(t *testing.T) {
 	}
 }
 
-func ruleIDs(t *testing.T, h *apiHarness, list string) map[string]ruleView {
+func ruleIDs(t *testing.T, h *apiHarness, list string) map[string]RuleView {
 	t.Helper()
 	_, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/"+list, "")
-	var rules []ruleView
+	var rules []RuleView
 	if err := json.Unmarshal([]byte(body), &rules); err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]ruleView{}
+	out := map[string]RuleView{}
 	for _, r := range rules {
 		out[r.Pattern] = r
 	}
@@ -127,7 +127,7 @@ func TestReplaceRuleThroughTheAPI(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("PUT: %d %s", code, body)
 	}
-	var nr ruleView
+	var nr RuleView
 	json.Unmarshal([]byte(body), &nr)
 	if nr.Pattern != "b.example.com/v1/*" || nr.Source != "manually added" || nr.Tier != "user" || nr.ID == a.ID {
 		t.Errorf("new rule: %+v", nr)

@@ -224,19 +224,9 @@ func table(header string, rows [][]string) {
 	w.Flush()
 }
 
-type sandboxInfo struct {
-	Name, Subnet, Policy string
-	UnknownAction        string `json:"unknown_action"`
-	Rules, Pending       int
-}
-
-type ruleInfo struct {
-	ID, Pattern, Type, Tier, List, Source, Member string
-}
-
 func cmdLs(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	if len(a) == 0 {
-		var sbs []sandboxInfo
+		var sbs []ui.SandboxView
 		if err := c.Do(ctx, "GET", "/sandboxes", nil, &sbs); err != nil {
 			return err
 		}
@@ -250,9 +240,9 @@ func cmdLs(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 		table("SANDBOX\tSUBNET\tUNKNOWN\tRULES\tPENDING\tPOLICY", rows)
 		return nil
 	}
-	var rules []ruleInfo
+	var rules []ui.RuleView
 	for _, l := range []string{"allowlist", "denylist"} {
-		var rs []ruleInfo
+		var rs []ui.RuleView
 		if err := c.Do(ctx, "GET", sbPath(a[0], "/"+l), nil, &rs); err != nil {
 			return err
 		}
@@ -274,8 +264,8 @@ func cmdLs(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 }
 
 func addRule(ctx context.Context, c *ui.Client, cm *common, list string, a []string) error {
-	var r ruleInfo
-	body := map[string]any{"pattern": a[1], "persist": flagSave, "force": flagForce, "member": flagMember, "source": "added with the airlock command"}
+	var r ui.RuleView
+	body := ui.AddRuleBody{Pattern: a[1], Persist: flagSave, Force: flagForce, Member: flagMember, Source: "added with the airlock command"}
 	if err := c.Do(ctx, "POST", sbPath(a[0], "/"+list), body, &r); err != nil {
 		return err
 	}
@@ -291,7 +281,7 @@ func addRule(ctx context.Context, c *ui.Client, cm *common, list string, a []str
 }
 
 func sandboxNames(ctx context.Context, c *ui.Client) ([]string, error) {
-	var sbs []sandboxInfo
+	var sbs []ui.SandboxView
 	if err := c.Do(ctx, "GET", "/sandboxes", nil, &sbs); err != nil {
 		return nil, err
 	}
@@ -312,7 +302,7 @@ func cmdRm(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	}
 	for _, sb := range names {
 		for _, l := range []string{"allowlist", "denylist"} {
-			var r ruleInfo
+			var r ui.RuleView
 			err := c.Do(ctx, "DELETE", sbPath(sb, "/"+l+"/"+url.PathEscape(a[0])), nil, &r)
 			var ae *ui.APIError
 			if errors.As(err, &ae) && ae.Status == 404 {
@@ -331,15 +321,7 @@ func cmdRm(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	return fmt.Errorf("no user or session rule %q (airlock ls SANDBOX lists the ids)", a[0])
 }
 
-type pendingInfo struct {
-	ID, Source, URL, Host string
-	Sandbox               string  `json:"sandbox"`
-	SecondsLeft           float64 `json:"seconds_left"`
-	Waiting               int
-	Suggestions           []struct{ Pattern string }
-}
-
-func allPending(ctx context.Context, c *ui.Client, only string) ([]pendingInfo, error) {
+func allPending(ctx context.Context, c *ui.Client, only string) ([]ui.ApprovalView, error) {
 	names := []string{only}
 	if only == "" {
 		var err error
@@ -347,9 +329,9 @@ func allPending(ctx context.Context, c *ui.Client, only string) ([]pendingInfo, 
 			return nil, err
 		}
 	}
-	var out []pendingInfo
+	var out []ui.ApprovalView
 	for _, sb := range names {
-		var ps []pendingInfo
+		var ps []ui.ApprovalView
 		if err := c.Do(ctx, "GET", sbPath(sb, "/approvals"), nil, &ps); err != nil {
 			return nil, err
 		}
@@ -368,7 +350,7 @@ func cmdPending(ctx context.Context, c *ui.Client, cm *common, a []string) error
 	}
 	if cm.json {
 		if ps == nil {
-			ps = []pendingInfo{}
+			ps = []ui.ApprovalView{}
 		}
 		return printJSON(ps)
 	}
@@ -393,12 +375,12 @@ func decideCmd(ctx context.Context, c *ui.Client, cm *common, id string, allow b
 		if p.ID != id {
 			continue
 		}
-		body := map[string]any{"action": "deny", "persist": flagSave}
+		body := ui.DecideBody{Action: "deny", Persist: flagSave}
 		switch {
 		case allow && flagPat != "":
-			body = map[string]any{"action": "allow_pattern", "pattern": flagPat, "persist": flagSave, "force": flagForce}
+			body = ui.DecideBody{Action: "allow_pattern", Pattern: flagPat, Persist: flagSave, Force: flagForce}
 		case allow:
-			body = map[string]any{"action": "allow_once"}
+			body = ui.DecideBody{Action: "allow_once"}
 		}
 		var out map[string]any
 		if err := c.Do(ctx, "POST", sbPath(p.Sandbox, "/approvals/"+url.PathEscape(id)), body, &out); err != nil {
@@ -407,7 +389,7 @@ func decideCmd(ctx context.Context, c *ui.Client, cm *common, id string, allow b
 		if cm.json {
 			return printJSON(out)
 		}
-		fmt.Fprintf(stdout, "%s: %s %s\n", body["action"], p.Sandbox, v(p.URL))
+		fmt.Fprintf(stdout, "%s: %s %s\n", body.Action, p.Sandbox, v(p.URL))
 		return nil
 	}
 	return fmt.Errorf("no pending approval %q (airlock pending lists them)", id)
@@ -521,23 +503,20 @@ func cmdHAR(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 
 // cmdSet changes one setting of a sandbox, in its policy file and in force.
 func cmdSet(ctx context.Context, c *ui.Client, cm *common, a []string) error {
-	body := map[string]any{}
+	var body ui.SettingsPatch
 	switch a[1] {
 	case "unknown_action":
-		body[a[1]] = a[2]
+		body.UnknownAction = &a[2]
 	case "approval_timeout":
-		n, err := strconv.Atoi(strings.TrimSuffix(a[2], "s"))
+		n, err := strconv.ParseInt(strings.TrimSuffix(a[2], "s"), 10, 64)
 		if err != nil {
 			return fmt.Errorf("approval_timeout %q: want whole seconds, such as 60", a[2])
 		}
-		body[a[1]] = n
+		body.ApprovalTimeout = &n
 	default:
 		return fmt.Errorf("unknown setting %q: want unknown_action or approval_timeout", a[1])
 	}
-	var out struct {
-		UnknownAction   string `json:"unknown_action"`
-		ApprovalTimeout int    `json:"approval_timeout"`
-	}
+	var out ui.SettingsView
 	if err := c.Do(ctx, "PATCH", sbPath(a[0], "/settings"), body, &out); err != nil {
 		return err
 	}

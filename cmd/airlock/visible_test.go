@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -80,5 +81,50 @@ func TestCLIEscapesMemberText(t *testing.T) {
 				t.Errorf("the escapes are not shown:\n%s", got)
 			}
 		})
+	}
+}
+
+// TestJSONIsTheAPIs: --json prints the API's own JSON, keys and all, not
+// the CLI's Go field names.
+func TestJSONIsTheAPIs(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/approvals"):
+			io.WriteString(w, `[{"id":"abc","sandbox":"default","source":"agent","sources":["agent"],"host":"x.test","port":443,"url":"x.test:443","created":"2026-11-24T00:00:00Z","seconds_left":20,"waiting":1,"suggestions":[{"pattern":"x.test","label":"only x.test"}],"llm":false}]`)
+		case strings.HasSuffix(r.URL.Path, "/sandboxes"):
+			io.WriteString(w, `[{"name":"default","subnet":"10.88.0.0/24","policy":"/p.yaml","enabled":true,"unknown_action":"ask","approval_timeout":30,"inspect":"needed","rules":1,"pending":1,"mcp_servers":[]}]`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("t"), 0o600)
+	for _, tc := range []struct {
+		args []string
+		keys []string
+	}{
+		{[]string{"pending", "default", "--json"}, []string{"id", "sandbox", "source", "url", "seconds_left", "suggestions", "waiting"}},
+		{[]string{"ls", "--json"}, []string{"name", "subnet", "policy", "unknown_action", "rules", "pending"}},
+	} {
+		var out bytes.Buffer
+		stdout, jsonOut = terminalWriter{&out}, &out
+		code := run(append(tc.args, "--api", srv.URL, "--token-file", token))
+		stdout, jsonOut = terminalWriter{os.Stdout}, os.Stdout
+		var got []map[string]any
+		if err := json.Unmarshal(out.Bytes(), &got); code != 0 || err != nil || len(got) != 1 {
+			t.Fatalf("%v: exit %d, %v: %s", tc.args, code, err, out.String())
+		}
+		for _, k := range tc.keys {
+			if _, ok := got[0][k]; !ok {
+				t.Errorf("%v: no %q in %s", tc.args, k, out.String())
+			}
+		}
+		for k := range got[0] {
+			if strings.ToLower(k) != k {
+				t.Errorf("%v: key %q is not the API's", tc.args, k)
+			}
+		}
 	}
 }
