@@ -34,9 +34,9 @@ type RequestRecord struct {
 	Method   string
 	URL      string // scheme://host[:port]/path?query
 	Host     string
-	Proto    string // HTTP/1.1 or HTTP/2.0
-	Status   int    // 0 when no response was sent
-	Verdict  string // "allow" or "deny"
+	Proto    string         // HTTP/1.1 or HTTP/2.0
+	Status   int            // 0 when no response was sent
+	Verdict  policy.Verdict // Allow or Deny
 	Rule     string
 	Reason   string
 	ReqBytes int64
@@ -82,7 +82,7 @@ func (p *Proxy) bump(c *conn, host string, port uint16) {
 		})
 		tc.SetDeadline(time.Now().Add(p.cfg.PeekTimeout))
 		if err := tc.Handshake(); err != nil {
-			c.rec.Verdict, c.rec.Close = "allow", "client TLS handshake failed (does the client trust the sandbox CA?): "+err.Error()
+			c.rec.Verdict, c.rec.Close = policy.Allow, "client TLS handshake failed (does the client trust the sandbox CA?): "+err.Error()
 			return
 		}
 		tc.SetDeadline(time.Time{})
@@ -91,7 +91,7 @@ func (p *Proxy) bump(c *conn, host string, port uint16) {
 		}
 		client = tc
 	}
-	c.rec.Verdict = "allow"
+	c.rec.Verdict = policy.Allow
 	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme}
 	h.fwd = p.reverseProxy(scheme, &h1Client{pool: p.h1, scheme: scheme})
 	if proto == "h2" {
@@ -144,7 +144,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := RequestRecord{
 		ConnID: h.c.rec.ID, Time: start, Sandbox: h.p.cfg.Sandbox, Source: h.c.rec.Source,
 		Method: r.Method, URL: h.scheme + "://" + authority + shown, Host: h.host,
-		Proto: r.Proto, Verdict: "deny", Headers: sanitizeHeaders(r.Header), LLM: h.c.rec.LLM,
+		Proto: r.Proto, Verdict: policy.Deny, Headers: sanitizeHeaders(r.Header), LLM: h.c.rec.LLM,
 	}
 	rw := &recordingWriter{ResponseWriter: w, start: start}
 	body := &countingBody{ReadCloser: r.Body}
@@ -220,7 +220,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.forbid(rw, r, &rec)
 		return
 	}
-	rec.Verdict = "allow"
+	rec.Verdict = policy.Allow
 	ctx := context.WithValue(r.Context(), sourceKey{}, rec.Source)
 	// The upstream is the connection's name and port, whatever the Host
 	// header's spelling or (missing) port.

@@ -279,7 +279,7 @@ func TestWebPortCarriesOnlyHTTPAndTLS(t *testing.T) {
 		}
 		waitRecords(t, h, 3)
 		for _, r := range h.Records() {
-			if r.Verdict != "deny" || !strings.Contains(r.Reason, "only HTTP and TLS") {
+			if r.Verdict != policy.Deny || !strings.Contains(r.Reason, "only HTTP and TLS") {
 				t.Errorf("port %d: record %+v, want a refusal of bytes that are neither HTTP nor TLS", port, r)
 			}
 		}
@@ -396,7 +396,7 @@ func TestTLSFirstFlightsBuiltByHand(t *testing.T) {
 			c.Close()
 			waitRecords(t, h, 1)
 			r := h.Records()[0]
-			if got := up.tlsConns.Load(); tc.spliced != (got > 0) || tc.spliced != (r.Verdict == "allow") {
+			if got := up.tlsConns.Load(); tc.spliced != (got > 0) || tc.spliced != (r.Verdict == policy.Allow) {
 				t.Errorf("upstream connections %d, record %+v; want spliced=%v", got, r, tc.spliced)
 			}
 		})
@@ -506,7 +506,7 @@ func TestSSRFGuardRefusesThisHost(t *testing.T) {
 			io.Copy(io.Discard, c)
 			c.Close()
 			waitRecords(t, h, 1)
-			if r := h.Records()[0]; r.Verdict != "deny" || !strings.Contains(r.Reason, tc.want) {
+			if r := h.Records()[0]; r.Verdict != policy.Deny || !strings.Contains(r.Reason, tc.want) {
 				t.Errorf("record %+v, want a refusal naming %q", r, tc.want)
 			}
 			select {
@@ -604,7 +604,7 @@ func TestConnectionLimits(t *testing.T) {
 	waitRecords(t, a, 22)
 	denied := 0
 	for _, r := range a.Records() {
-		if r.Verdict == "deny" && strings.Contains(r.Reason, "limit") {
+		if r.Verdict == policy.Deny && strings.Contains(r.Reason, "limit") {
 			denied++
 		}
 	}

@@ -129,11 +129,11 @@ type Record struct {
 	Source   string // member label, or its address
 	Host     string // the name decided on, or the raw IP
 	Port     uint16
-	Dest     string // the address the client connected to (fake or real)
-	Fake     bool   // Dest is in the fake-IP pool
-	Upstream string // the address dialled, if any
-	Verdict  string // "allow" or "deny"
-	Rule     string // the pattern that decided, if any
+	Dest     string         // the address the client connected to (fake or real)
+	Fake     bool           // Dest is in the fake-IP pool
+	Upstream string         // the address dialled, if any
+	Verdict  policy.Verdict // Allow or Deny
+	Rule     string         // the pattern that decided, if any
 	Reason   string
 	Up, Down int64 // bytes client → upstream, upstream → client
 	Duration time.Duration
@@ -281,7 +281,7 @@ func (p *Proxy) accept() {
 			tc.SetLinger(0)
 			tc.Close()
 			now := time.Now()
-			p.finish(Record{ID: p.ids.Add(1), Time: now, Sandbox: p.cfg.Sandbox, Source: member, Verdict: "deny", Reason: why, Close: "reset"}, false)
+			p.finish(Record{ID: p.ids.Add(1), Time: now, Sandbox: p.cfg.Sandbox, Source: member, Verdict: policy.Deny, Reason: why, Close: "reset"}, false)
 			continue
 		}
 		p.mu.Lock()
@@ -316,7 +316,7 @@ type conn struct {
 
 func (p *Proxy) handle(client *net.TCPConn, member string) {
 	c := &conn{client: client, start: time.Now()}
-	c.rec = Record{ID: p.ids.Add(1), Time: c.start, Sandbox: p.cfg.Sandbox, Verdict: "deny"}
+	c.rec = Record{ID: p.ids.Add(1), Time: c.start, Sandbox: p.cfg.Sandbox, Verdict: policy.Deny}
 	defer func() {
 		client.Close()
 		c.rec.Duration = time.Since(c.start)
@@ -441,7 +441,7 @@ func (p *Proxy) handle(client *net.TCPConn, member string) {
 		p.deny(c, err.Error(), policy.Decision{})
 		return
 	}
-	c.rec.Verdict = "allow"
+	c.rec.Verdict = policy.Allow
 	if c.rec.Reason == "" {
 		c.rec.Reason = d.Reason.String()
 	}
@@ -738,7 +738,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 	}()
 	if c.silent {
 		if err := p.firstBytes(c, name, inspect); err != nil {
-			c.rec.Verdict, c.rec.Reason, c.rec.Close = "deny", err.Error(), "reset"
+			c.rec.Verdict, c.rec.Reason, c.rec.Close = policy.Deny, err.Error(), "reset"
 			c.client.SetLinger(0)
 			c.client.Close()
 			up.Close()
@@ -814,7 +814,7 @@ func (p *Proxy) firstBytes(c *conn, name string, inspect bool) error {
 // deny refuses a connection: a plain HTTP request gets a 403 that says
 // what was blocked and how to approve it; anything else is reset.
 func (p *Proxy) deny(c *conn, reason string, d policy.Decision) {
-	c.rec.Verdict, c.rec.Reason = "deny", reason
+	c.rec.Verdict, c.rec.Reason = policy.Deny, reason
 	if d.Rule != nil {
 		c.rec.Rule = d.Rule.Pattern.String()
 	}
@@ -848,7 +848,7 @@ func (p *Proxy) reset(c *conn, reason string) {
 	if c.rec.Reason == "" {
 		c.rec.Reason = reason
 	}
-	c.rec.Verdict = "deny"
+	c.rec.Verdict = policy.Deny
 	if c.rec.Close == "" {
 		c.rec.Close = "reset"
 	}
@@ -872,8 +872,8 @@ func (p *Proxy) finish(r Record, log bool) {
 }
 
 // level is the level of a decision's log line.
-func (p *Proxy) level(verdict string) slog.Level {
-	if verdict == "allow" && !p.cfg.LogAllowed {
+func (p *Proxy) level(v policy.Verdict) slog.Level {
+	if v == policy.Allow && !p.cfg.LogAllowed {
 		return slog.LevelDebug
 	}
 	return slog.LevelInfo

@@ -255,7 +255,7 @@ func TestProxyAllowedIsSpliced(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond)
 	r := h.Records()
-	if len(r) != 1 || r[0].Verdict != "allow" || r[0].Rule != fmt.Sprintf("allowed.test:%d", up.httpsPort) ||
+	if len(r) != 1 || r[0].Verdict != policy.Allow || r[0].Rule != fmt.Sprintf("allowed.test:%d", up.httpsPort) ||
 		r[0].Host != "allowed.test" || !r[0].Fake || r[0].Up == 0 || r[0].Down == 0 || r[0].Close != "closed" {
 		t.Errorf("record = %+v", r)
 	}
@@ -286,7 +286,7 @@ func TestProxySNIMustMatchName(t *testing.T) {
 		t.Fatalf("fronted connection succeeded: %q", out)
 	}
 	time.Sleep(50 * time.Millisecond)
-	if r := h.Records(); len(r) != 1 || r[0].Verdict != "deny" || !strings.Contains(r[0].Reason, "resolved for allowed.test but asks for other.test") {
+	if r := h.Records(); len(r) != 1 || r[0].Verdict != policy.Deny || !strings.Contains(r[0].Reason, "resolved for allowed.test but asks for other.test") {
 		t.Errorf("record = %+v", r)
 	}
 }
@@ -526,13 +526,13 @@ func TestProxyIdleTimeoutAndDrain(t *testing.T) {
 func TestProxyLogAllowed(t *testing.T) {
 	for _, tt := range []struct {
 		logAllowed bool
-		verdict    string
+		verdict    policy.Verdict
 		want       slog.Level
 	}{
-		{false, "allow", slog.LevelDebug},
-		{true, "allow", slog.LevelInfo},
-		{false, "deny", slog.LevelInfo},
-		{true, "deny", slog.LevelInfo},
+		{false, policy.Allow, slog.LevelDebug},
+		{true, policy.Allow, slog.LevelInfo},
+		{false, policy.Deny, slog.LevelInfo},
+		{true, policy.Deny, slog.LevelInfo},
 	} {
 		p := &Proxy{cfg: Config{LogAllowed: tt.logAllowed}}
 		if got := p.level(tt.verdict); got != tt.want {
