@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -232,13 +231,8 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // forbid answers 403 with a body that says what was blocked and how to
 // allow it.
 func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *RequestRecord) {
-	rule := rec.Rule
-	if rule == "" {
-		rule = "none"
-	}
-	suggest := h.host + r.URL.EscapedPath()
-	body := fmt.Sprintf("airlock blocked this request.\n\nsandbox: %s\nsource:  %s\nrequest: %s %s\nreason:  %s\nrule:    %s\n\nTo allow it, approve it on airlock's page%s\nor add a rule to the sandbox's policy file, such as:\n  - pattern: %q\n",
-		h.p.cfg.Sandbox, rec.Source, r.Method, rec.URL, rec.Reason, rule, approvalHint(h.p.cfg.ApprovalURL), r.Method+" "+suggest)
+	body := denial{sandbox: h.p.cfg.Sandbox, source: rec.Source, request: r.Method + " " + rec.URL, reason: rec.Reason, rule: rec.Rule,
+		suggest: r.Method + " " + h.host + r.URL.EscapedPath(), approvalURL: h.p.cfg.ApprovalURL}.page()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Airlock-Verdict", "deny")
 	w.WriteHeader(http.StatusForbidden)
@@ -339,7 +333,9 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 				w.Header().Set("X-Airlock-Verdict", "deny")
 				w.WriteHeader(http.StatusForbidden)
-				fmt.Fprintf(w, "airlock blocked %s: %v\n", r.URL.String(), se)
+				source, _ := r.Context().Value(sourceKey{}).(string)
+				io.WriteString(w, denial{sandbox: p.cfg.Sandbox, source: source, request: r.Method + " " + r.URL.String(), reason: se.Error(),
+					suggest: "cidr:" + strings.Fields(se.refused[0])[0] + "/32", approvalURL: p.cfg.ApprovalURL}.page())
 				return
 			}
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -348,50 +344,6 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 			fmt.Fprintf(w, "airlock could not get %s from the upstream: %v\n", r.URL.String(), explainUpstream(err))
 		},
 	}
-}
-
-// ssrfError is a refusal by the SSRF guard of every address a name
-// resolves to.
-type ssrfError struct {
-	host    string
-	refused []string
-}
-
-func (e *ssrfError) Error() string {
-	return fmt.Sprintf("%s resolves only to addresses the SSRF guard refuses: %s; allow one explicitly with a cidr: rule", e.host, strings.Join(e.refused, ", "))
-}
-
-func explainUpstream(err error) error {
-	var uerr x509.UnknownAuthorityError
-	var herr x509.HostnameError
-	switch {
-	case errors.As(err, &uerr):
-		return fmt.Errorf("the upstream's certificate is not signed by a trusted CA (add its CA to upstream_ca_file if it is yours): %w", err)
-	case errors.As(err, &herr):
-		return fmt.Errorf("the upstream's certificate is not valid for this host name: %w", err)
-	}
-	return err
-}
-
-// dialUpstream is the Transport's dialer: addr is the connection's checked
-// name and port; it is resolved upstream and every address passes the SSRF
-// guard.
-func (p *Proxy) dialUpstream(ctx context.Context, network, addr string) (net.Conn, error) {
-	host, portStr, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	port, _ := strconv.Atoi(portStr)
-	source, _ := ctx.Value(sourceKey{}).(string)
-	addrs, err := p.cfg.Resolve(ctx, host)
-	if err != nil {
-		return nil, fmt.Errorf("resolve %s: %w", host, err)
-	}
-	c, err := p.dialFirst(ctx, source, host, addrs, uint16(port), addr)
-	if err != nil {
-		return nil, err // not a nil *net.TCPConn in a non-nil net.Conn
-	}
-	return c, nil
 }
 
 func (p *Proxy) finishRequest(r RequestRecord) {

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"time"
 
+	"github.com/airlockhq/airlock/policy"
 	"golang.org/x/crypto/cryptobyte"
 )
 
@@ -373,4 +376,159 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// peek reads the client's first bytes until they are a whole ClientHello or
+// HTTP request head, are neither, or MaxPeek is reached. With optional set,
+// a client that sends nothing within wait is fine (a server-first protocol);
+// otherwise silence is an error.
+func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
+	bp, _ := p.peekBufs.Get().(*[]byte)
+	if bp == nil {
+		b := make([]byte, MaxPeek)
+		bp = &b
+	}
+	defer p.peekBufs.Put(bp)
+	buf := *bp
+	n := 0
+	// Whatever the outcome, the connection keeps the bytes read, and not
+	// the pooled buffer (deferred calls run last first: before the Put).
+	defer func() { c.peeked = bytes.Clone(buf[:n]) }()
+	deadline := time.Now().Add(wait)
+	extended := false
+	for {
+		c.client.SetReadDeadline(deadline)
+		m, err := c.client.Read(buf[n:])
+		n += m
+		if n > 0 {
+			done, err := c.classify(buf[:n])
+			if err != nil {
+				return err
+			}
+			if done {
+				break
+			}
+			if n == len(buf) {
+				return fmt.Errorf("no complete ClientHello or HTTP head in %d bytes", n)
+			}
+			// The first bytes arrived: give the rest the full peek time,
+			// once. Later bytes never extend it, so a client dribbling a
+			// byte at a time is still cut off.
+			if !extended {
+				deadline, extended = time.Now().Add(p.cfg.PeekTimeout), true
+			}
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				if n == 0 && optional {
+					c.silent = true
+					break
+				}
+				if n == 0 {
+					return fmt.Errorf("client sent nothing within %s", wait)
+				}
+				return fmt.Errorf("client stalled after %d bytes", n)
+			}
+			if n == 0 {
+				return fmt.Errorf("client closed before sending anything")
+			}
+			return fmt.Errorf("client closed after %d bytes", n)
+		}
+	}
+	c.client.SetReadDeadline(time.Time{})
+	return nil
+}
+
+// classify reads the client's first bytes as a TLS ClientHello, the HTTP/2
+// preface, an HTTP/1.x request head or another protocol, and reports
+// whether they are whole. Bytes that start like TLS or HTTP must be read to
+// the end: a server may act on what the proxy could not read, so a
+// malformed one is an error, never "another protocol" (design §8,
+// invariants 10 and 11).
+func (c *conn) classify(b []byte) (bool, error) {
+	if tlsShaped(b[0]) {
+		h, err := parseClientHello(b)
+		switch {
+		case err == errNeedMore:
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("bad TLS first flight: %v", err)
+		}
+		c.hello = &h
+		return true, nil
+	}
+	if b[0]&0x80 != 0 {
+		// An SSL 2 record header, maybe: its third byte says.
+		if len(b) < 3 {
+			return false, nil
+		}
+		if b[2] == 1 {
+			return false, errors.New("bad TLS first flight: an SSL 2 ClientHello")
+		}
+	}
+	switch h2c, err := parseH2CPreface(b); {
+	case err == errNeedMore:
+		return false, nil
+	case h2c:
+		c.h2c = true
+		return true, nil
+	}
+	hd, err := parseHTTPHead(b)
+	switch {
+	case err == errNeedMore:
+		return false, nil
+	case errors.Is(err, errNotHTTP):
+		return true, nil // another protocol: no name in it
+	case err != nil:
+		return false, fmt.Errorf("bad HTTP request: %v", err)
+	}
+	c.head = &hd
+	return true, nil
+}
+
+// readable reports whether the first bytes were read as TLS or HTTP.
+func (c *conn) readable() bool { return c.hello != nil || c.head != nil || c.h2c }
+
+// claimedName is the name the client's first bytes ask for: the SNI, or
+// the HTTP Host.
+func (c *conn) claimedName() string {
+	switch {
+	case c.hello != nil:
+		return c.hello.SNI
+	case c.head != nil:
+		return c.head.Host
+	}
+	return ""
+}
+
+// fronting says why the name the client's bytes claim (SNI or Host), if
+// any, is not name, the one its connection was resolved for: asking for
+// another host there is an attempt to reach it (domain fronting).
+func (c *conn) fronting(name string) error {
+	if claimed := c.claimedName(); claimed != "" {
+		if n, err := policy.NormalizeHost(claimed); err != nil || n != name {
+			return fmt.Errorf("the connection was resolved for %s but asks for %s", name, claimed)
+		}
+	}
+	return nil
+}
+
+// isWebPort reports a port where clients speak first, and speak HTTP or
+// TLS.
+func isWebPort(port uint16) bool {
+	switch port {
+	case 80, 443, 8080, 8443:
+		return true
+	}
+	return false
+}
+
+// sniffWindow is SniffTimeout, or ten times it on a port where the client
+// always speaks first.
+func (p *Proxy) sniffWindow(port uint16) time.Duration {
+	if isWebPort(port) {
+		return 10 * p.cfg.SniffTimeout
+	}
+	return p.cfg.SniffTimeout
 }

@@ -1,11 +1,14 @@
 package tproxy
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"syscall"
 
+	"github.com/airlockhq/airlock/policy"
 	"golang.org/x/sys/unix"
 )
 
@@ -168,4 +171,85 @@ func (p *pipe) burst(dc, sc syscall.RawConn) (int64, error) {
 			total += m
 		}
 	}
+}
+
+// splice copies between the raw sockets with splice(2), after the bytes
+// already peeked; nothing may wrap them.
+// A client that was silent in the sniff window has its first bytes checked
+// before anything of it reaches the upstream; the upstream may speak first
+// meanwhile.
+func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
+	defer up.Close()
+	var down int64
+	var downErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		down, downErr = p.pipes.copy(c.client, up)
+		c.client.CloseWrite()
+	}()
+	if c.silent {
+		if err := p.firstBytes(c, name, inspect); err != nil {
+			c.rec.Verdict, c.rec.Reason, c.rec.Close = policy.Deny, err.Error(), "reset"
+			c.client.SetLinger(0)
+			c.client.Close()
+			up.Close()
+			<-done
+			c.rec.Down = down
+			return
+		}
+	}
+	if len(c.peeked) > 0 {
+		if _, err := up.Write(c.peeked); err != nil {
+			c.rec.Close = "upstream write failed: " + err.Error()
+			up.Close()
+			<-done
+			return
+		}
+		c.rec.Up = int64(len(c.peeked))
+	}
+	// Forwarded: a connection held open for hours keeps none of it.
+	c.peeked, c.hello, c.head = nil, nil, nil
+	n, upErr := p.pipes.copy(up, c.client)
+	c.rec.Up += n
+	if upErr != nil {
+		// The client broke off: end the other direction too.
+		up.Close()
+	} else {
+		up.CloseWrite()
+	}
+	<-done
+	c.rec.Down = down
+	switch {
+	case upErr != nil:
+		c.rec.Close = "client error: " + upErr.Error()
+	case downErr != nil:
+		c.rec.Close = "upstream error: " + downErr.Error()
+	default:
+		c.rec.Close = "closed"
+	}
+}
+
+// firstBytes checks the first bytes of a client that was silent in the
+// sniff window, before they go upstream: TLS or HTTP that starts late gets
+// the same scrutiny as TLS or HTTP that starts at once.
+func (p *Proxy) firstBytes(c *conn, name string, inspect bool) error {
+	c.silent = false
+	if err := p.peek(c, p.cfg.IdleTimeout, false); err != nil {
+		return err
+	}
+	switch {
+	case !c.readable() && isWebPort(c.rec.Port):
+		return fmt.Errorf("on port %d airlock carries only HTTP and TLS it can read, and these bytes are neither", c.rec.Port)
+	case !c.readable():
+		return nil // another protocol, carried as it is
+	case c.head != nil, c.h2c:
+		return errors.New("plain HTTP must start at once to be checked request by request; reconnect and send the request right away")
+	case inspect:
+		return errors.New("TLS that must be intercepted has to start at once; reconnect and send the ClientHello right away")
+	}
+	if err := p.checkECH(c); err != nil {
+		return err
+	}
+	return c.fronting(name)
 }
