@@ -313,95 +313,152 @@ type conn struct {
 
 func (p *Proxy) handle(client *net.TCPConn, member string) {
 	c := &conn{client: client, start: time.Now()}
-	c.rec = Record{ID: p.ids.Add(1), Time: c.start, Sandbox: p.cfg.Sandbox, Verdict: policy.Deny}
+	c.rec = Record{ID: p.ids.Add(1), Time: c.start, Sandbox: p.cfg.Sandbox, Source: member, Verdict: policy.Deny}
 	defer func() {
 		client.Close()
 		c.rec.Duration = time.Since(c.start)
 		p.finish(c.rec, true)
 	}()
-	c.rec.Source = member
-	dst, err := p.cfg.OrigDst(client)
-	if err != nil {
-		p.reset(c, "no original destination: "+err.Error())
+	t, ok := p.name(c)
+	if !ok {
 		return
 	}
-	c.rec.Dest, c.rec.Port = dst.String(), dst.Port()
+	p.act(c, t, p.authorize(c, t))
+}
 
-	name := ""
+// target is what a connection is for, once its first bytes are read.
+type target struct {
+	dst  netip.AddrPort // where the client connected (a fake or a raw IP)
+	name string         // the name it was resolved for or claims; "" for a raw IP
+	host string         // the name normalised, or the raw IP: what policy decides on
+}
+
+// name reads what the connection is for: the fake IP's name, else the
+// SNI or Host its first bytes claim, else its raw IP. It refuses the
+// connection itself (and reports false) when that cannot be read, or when
+// the bytes claim another name than the fake IP's (fronting).
+func (p *Proxy) name(c *conn) (target, bool) {
+	dst, err := p.cfg.OrigDst(c.client)
+	if err != nil {
+		p.reset(c, "no original destination: "+err.Error())
+		return target{}, false
+	}
+	c.rec.Dest, c.rec.Port = dst.String(), dst.Port()
+	t := target{dst: dst, host: dst.Addr().String()}
 	if p.cfg.Names.Contains(dst.Addr()) {
 		c.rec.Fake = true
 		n, ok := p.cfg.Names.Name(dst.Addr())
 		if !ok {
 			c.rec.Host = dst.Addr().String()
 			p.reset(c, "fake IP not assigned to any name (resolve the name again)")
-			return
+			return target{}, false
 		}
-		name = n
+		t.name = n
 		if err := p.peek(c, p.sniffWindow(dst.Port()), true); err != nil {
 			p.reset(c, err.Error())
-			return
+			return target{}, false
 		}
-		if err := c.fronting(name); err != nil {
-			c.rec.Host = name
+		if err := c.fronting(n); err != nil {
+			c.rec.Host = n
 			p.deny(c, err.Error(), policy.Decision{})
-			return
+			return target{}, false
 		}
 	} else {
 		if err := p.peek(c, p.cfg.PeekTimeout, false); err != nil {
 			c.rec.Host = dst.Addr().String()
 			p.reset(c, err.Error())
-			return
+			return target{}, false
 		}
-		name = c.claimedName()
+		t.name = c.claimedName()
 	}
-
-	host := dst.Addr().String()
-	if name != "" {
-		n, err := policy.NormalizeHost(name)
+	if t.name != "" {
+		n, err := policy.NormalizeHost(t.name)
 		if err != nil {
-			c.rec.Host = name
+			c.rec.Host = t.name
 			p.deny(c, "the connection names an invalid host", policy.Decision{})
-			return
+			return target{}, false
 		}
-		host = n
+		t.host = n
 	}
-	c.rec.Host = host
-	c.rec.LLM = policy.IsLLMHost(host)
+	c.rec.Host = t.host
+	c.rec.LLM = policy.IsLLMHost(t.host)
+	return t, true
+}
+
+// Actions authorize decides on.
+type actionKind uint8
+
+const (
+	actDeny   actionKind = iota // refuse: a 403 for plain HTTP, else a reset
+	actSplice                   // copy the bytes to the upstream untouched
+	actBump                     // serve it request by request (interception)
+	actHold                     // ask a person about the connection first
+)
+
+// action is authorize's decision about a connection.
+type action struct {
+	kind     actionKind
+	reason   string          // why, for actDeny
+	decision policy.Decision // policy's answer, for records
+	// inspect: a splice whose TLS starts late must be intercepted, so it
+	// is refused then.
+	inspect bool
+}
+
+// authorize decides what to do with a connection; it never blocks.
+func (p *Proxy) authorize(c *conn, t target) action {
 	// On the web's ports the client speaks first, and speaks HTTP or TLS:
 	// bytes airlock cannot read there are refused, never carried as
 	// "another protocol" past the Host and SNI checks (design §8,
 	// invariant 10).
-	if isWebPort(dst.Port()) && !c.silent && !c.readable() {
-		p.deny(c, fmt.Sprintf("on port %d airlock carries only HTTP and TLS it can read, and these bytes are neither", dst.Port()), policy.Decision{})
-		return
+	if isWebPort(t.dst.Port()) && !c.silent && !c.readable() {
+		return action{reason: fmt.Sprintf("on port %d airlock carries only HTTP and TLS it can read, and these bytes are neither", t.dst.Port())}
 	}
-
-	q := policy.Query{Source: c.rec.Source, Host: host, Port: dst.Port()}
-	d := p.cfg.Policy.Decide(q)
+	d := p.cfg.Policy.Decide(policy.Query{Source: c.rec.Source, Host: t.host, Port: t.dst.Port()})
 	if d.Rule != nil {
 		c.rec.Rule = d.Rule.Pattern.String()
 	}
 	inspectAll := p.cfg.InspectAll != nil && p.cfg.InspectAll()
-	needL7 := d.Verdict == policy.NeedsL7
 	// Plain HTTP (HTTP/1.x, or HTTP/2 with prior knowledge) is always
 	// served request by request, so a later request on the connection
 	// cannot name another host; so is TLS that is intercepted whatever the
 	// rules say. Such connections are not asked about: each of their
 	// requests is, with its method and URL, so that allowing it once
 	// covers exactly the request a person saw.
-	requests := name != "" && (c.head != nil || c.h2c || c.hello != nil && inspectAll)
+	requests := t.name != "" && (c.head != nil || c.h2c || c.hello != nil && inspectAll)
 	switch d.Verdict {
 	case policy.Allow, policy.NeedsL7:
 	case policy.Ask:
-		if requests {
-			break
+		if !requests {
+			return action{kind: actHold, decision: d}
 		}
+	default:
+		return action{reason: d.Reason.String(), decision: d}
+	}
+	inspect := d.Verdict == policy.NeedsL7 || inspectAll
+	switch {
+	case requests || t.name != "" && inspect && c.hello != nil:
+		return action{kind: actBump, decision: d}
+	case d.Verdict == policy.NeedsL7:
+		return action{reason: "rules for this host look at requests, but the connection did not start with TLS or HTTP", decision: d}
+	}
+	if err := p.checkECH(c); err != nil {
+		return action{reason: err.Error()}
+	}
+	return action{kind: actSplice, decision: d, inspect: inspect}
+}
+
+// act carries out authorize's decision: it asks a person about a held
+// connection (and decides again on the answer), intercepts, splices or
+// refuses.
+func (p *Proxy) act(c *conn, t target, a action) {
+	if a.kind == actHold {
 		if p.cfg.Approvals == nil {
-			p.deny(c, "no rule matched and nobody can be asked", d)
+			p.deny(c, "no rule matched and nobody can be asked", a.decision)
 			return
 		}
-		url := host + ":" + strconv.Itoa(int(dst.Port()))
-		out := p.cfg.Approvals.Ask(p.ctx, policy.AskRequest{Source: c.rec.Source, Host: host, Port: dst.Port(), URL: url})
+		url := t.host + ":" + strconv.Itoa(int(t.dst.Port()))
+		out := p.cfg.Approvals.Ask(p.ctx, policy.AskRequest{Source: c.rec.Source, Host: t.host, Port: t.dst.Port(), URL: url})
 		if out.Rule != nil {
 			c.rec.Rule = out.Rule.Pattern.String()
 		}
@@ -410,44 +467,41 @@ func (p *Proxy) handle(client *net.TCPConn, member string) {
 			return
 		}
 		c.rec.Reason = out.Reason
-		// What the person allowed may itself have path rules.
-		needL7 = p.cfg.Policy.Decide(q).Verdict == policy.NeedsL7
-	default:
-		p.deny(c, d.Reason.String(), d)
-		return
-	}
-	inspect := needL7 || inspectAll
-	switch {
-	case requests || name != "" && inspect && c.hello != nil:
-		if c.rec.Reason == "" {
-			c.rec.Reason = "intercepted: " + d.Reason.String()
+		// Allowed, once or by a rule: decide again, since what the person
+		// allowed may itself have path rules. The answer still "ask"s when
+		// it was allowed once: this connection goes on as allowed.
+		if a = p.authorize(c, t); a.kind == actHold {
+			a = action{kind: actSplice, decision: a.decision}
+			if err := p.checkECH(c); err != nil {
+				a = action{reason: err.Error()}
+			}
 		}
-		p.bump(c, host, dst.Port())
-		return
-	case needL7:
-		p.deny(c, "rules for this host look at requests, but the connection did not start with TLS or HTTP", d)
-		return
 	}
-	if err := p.checkECH(c); err != nil {
-		p.deny(c, err.Error(), policy.Decision{})
-		return
+	switch a.kind {
+	case actDeny:
+		p.deny(c, a.reason, a.decision)
+	case actBump:
+		if c.rec.Reason == "" {
+			c.rec.Reason = "intercepted: " + a.decision.Reason.String()
+		}
+		p.bump(c, t.host, t.dst.Port())
+	case actSplice:
+		up, err := p.dial(c, t.host, t.dst, t.name == "")
+		if err != nil {
+			p.deny(c, err.Error(), policy.Decision{})
+			return
+		}
+		c.rec.Verdict = policy.Allow
+		if c.rec.Reason == "" {
+			c.rec.Reason = a.decision.Reason.String()
+		}
+		p.mu.Lock()
+		if tr, ok := p.conns[c.client]; ok {
+			tr.up = up
+		}
+		p.mu.Unlock()
+		p.splice(c, up, t.name, a.inspect)
 	}
-
-	up, err := p.dial(c, host, dst, name == "")
-	if err != nil {
-		p.deny(c, err.Error(), policy.Decision{})
-		return
-	}
-	c.rec.Verdict = policy.Allow
-	if c.rec.Reason == "" {
-		c.rec.Reason = d.Reason.String()
-	}
-	p.mu.Lock()
-	if t, ok := p.conns[client]; ok {
-		t.up = up
-	}
-	p.mu.Unlock()
-	p.splice(c, up, name, inspect)
 }
 
 // checkECH refuses a ClientHello with encrypted_client_hello on its way to
