@@ -130,9 +130,9 @@ func TestMethodOverrideIsDecided(t *testing.T) {
 	port := up.httpsPort
 	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
 		rules(port, fmt.Sprintf("api.allowed.test:%d", port))+fmt.Sprintf("  network_denylist:\n    - pattern: \"DELETE api.allowed.test:%d\"\n", port))
-	out, _ := h.curlArgs(t, ca.CertFile(), "api.allowed.test", port, "/v1/x", "-X", "POST", "-H", "X-HTTP-Method-Override: DELETE", "-o", "/dev/null", "-w", "%{http_code}")
-	if out != "403" {
-		t.Errorf("POST overridden to DELETE: %q, want 403", out)
+	status, _, _, err := h.fetch(t, "POST", fmt.Sprintf("https://api.allowed.test:%d/v1/x", port), ca.CertFile(), http.Header{"X-Http-Method-Override": {"DELETE"}})
+	if err != nil || status != 403 {
+		t.Errorf("POST overridden to DELETE: %d %v, want 403", status, err)
 	}
 }
 
@@ -146,7 +146,7 @@ func TestHostAddressesAreRefused(t *testing.T) {
 		}
 		c.IsLocal = func(a netip.Addr) bool { return a == netip.MustParseAddr("203.0.113.254") }
 	})
-	out, _ := h.curl(t, "http", "allowed.test", port)
+	out, _ := h.get(t, "http", "allowed.test", port)
 	if !strings.Contains(out, "an address of this host") {
 		t.Errorf("a name resolving to the host's own address: %q", out)
 	}

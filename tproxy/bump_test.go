@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,7 +42,7 @@ func TestBumpHeldRequestAllowPatternPersist(t *testing.T) {
 	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
 		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
 	curl := func(path string) (string, error) {
-		return h.curlPath(t, ca.CertFile(), "api.allowed.test", port, path)
+		return h.getPath(t, ca.CertFile(), "api.allowed.test", port, path)
 	}
 	if out, err := curl("/v1/x"); err != nil || out != "internet" {
 		t.Fatalf("/v1/x: %v %q", err, out)
@@ -61,8 +60,8 @@ func TestBumpHeldRequestAllowPatternPersist(t *testing.T) {
 	if want := fmt.Sprintf("https://api.allowed.test:%d/v2/x", port); p[0].URL != want || p[0].Method != "GET" {
 		t.Errorf("pending = %+v, want GET %s", p[0], want)
 	}
-	if ua := p[0].Headers["User-Agent"]; len(ua) != 1 || !strings.HasPrefix(ua[0], "curl/") {
-		t.Errorf("pending headers = %v, want curl's User-Agent", p[0].Headers)
+	if ua := p[0].Headers["User-Agent"]; len(ua) != 1 || !strings.HasPrefix(ua[0], "Go-http-client/") {
+		t.Errorf("pending headers = %v, want the client's User-Agent", p[0].Headers)
 	}
 	pattern := fmt.Sprintf("api.allowed.test:%d/v2/*", port)
 	if _, err := h.broker.Decide(p[0].ID, policy.Choice{Action: policy.ResolveAllowPattern, Pattern: pattern, Persist: true}); err != nil {
@@ -147,10 +146,8 @@ func TestBumpForwardsToTheDecidedPort(t *testing.T) {
 		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)))
 	// Host without the port: the request must still go to the port the
 	// connection was made to and decided for, not to 443.
-	out, err := exec.Command("curl", "-sS", "-m", "10", "-H", "Host: api.allowed.test",
-		"--connect-to", fmt.Sprintf("api.allowed.test:%d:%s", port, h.proxy.Addr()), "--cacert", ca.CertFile(),
-		fmt.Sprintf("https://api.allowed.test:%d/v1/x", port)).CombinedOutput()
-	if err != nil || string(out) != "internet" {
+	_, _, out, err := h.fetch(t, "GET", fmt.Sprintf("https://api.allowed.test:%d/v1/x", port), ca.CertFile(), http.Header{"Host": {"api.allowed.test"}})
+	if err != nil || out != "internet" {
 		t.Errorf("Host without port: %v %q", err, out)
 	}
 }
@@ -206,10 +203,9 @@ func TestBumpUntrustedUpstreamIs502(t *testing.T) {
 	h := newHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port), rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)), func(c *Config) {
 		c.CA, c.UpstreamRoots = ca, x509.NewCertPool()
 	})
-	out, _ := exec.Command("curl", "-sS", "-m", "10", "-w", "\n%{http_code}", "--connect-to", fmt.Sprintf("api.allowed.test:%d:%s", port, h.proxy.Addr()),
-		"--cacert", ca.CertFile(), fmt.Sprintf("https://api.allowed.test:%d/v1/x", port)).CombinedOutput()
-	if !strings.HasSuffix(string(out), "\n502") || !strings.Contains(string(out), "not signed by a trusted CA") {
-		t.Errorf("untrusted upstream: %q", out)
+	status, _, out, err := h.fetch(t, "GET", fmt.Sprintf("https://api.allowed.test:%d/v1/x", port), ca.CertFile(), nil)
+	if err != nil || status != 502 || !strings.Contains(out, "not signed by a trusted CA") {
+		t.Errorf("untrusted upstream: %d %v %q", status, err, out)
 	}
 	if len(up.requests()) != 0 {
 		t.Errorf("the request reached an unverified upstream: %v", up.requests())

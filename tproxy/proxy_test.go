@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,7 +12,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
@@ -210,28 +210,67 @@ func newHarness(t *testing.T, up *upstream, dst netip.AddrPort, policyYAML strin
 	return h
 }
 
-// curl runs curl against the proxy as if connecting to host:port.
-func (h *harness) curl(t *testing.T, scheme, host string, port uint16, extra ...string) (string, error) {
-	args := []string{"-sS", "-m", "10", "--connect-to", fmt.Sprintf("%s:%d:%s", host, port, h.proxy.Addr()), "--cacert", h.up.caFile}
-	args = append(args, extra...)
-	args = append(args, fmt.Sprintf("%s://%s:%d/", scheme, host, port))
-	out, err := exec.Command("curl", args...).CombinedOutput()
-	return string(out), err
+// fetch makes one request through the proxy as a member's client would:
+// it connects to the proxy whatever the URL's host resolves to, speaks TLS
+// for https (trusting caFile, or the upstream's test CA when caFile is "")
+// with the URL's host as the server name, and returns the status, the
+// response head as text and the body, or the error the client got. A
+// "Host" in header replaces the request's Host.
+func (h *harness) fetch(t *testing.T, method, rawURL, caFile string, header http.Header) (status int, head, body string, err error) {
+	t.Helper()
+	if caFile == "" {
+		caFile = h.up.caFile
+	}
+	roots := x509.NewCertPool()
+	if pem, err := os.ReadFile(caFile); err == nil {
+		roots.AppendCertsFromPEM(pem)
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp4", h.proxy.Addr().String())
+		},
+		TLSClientConfig:   &tls.Config{RootCAs: roots},
+		ForceAttemptHTTP2: true,
+		DisableKeepAlives: true,
+	}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest(method, rawURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		if strings.EqualFold(k, "Host") {
+			req.Host = v[0]
+			continue
+		}
+		req.Header[k] = v
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	var hb strings.Builder
+	fmt.Fprintf(&hb, "%s %s\n", resp.Proto, resp.Status)
+	resp.Header.Write(&hb)
+	return resp.StatusCode, hb.String(), string(b), err
 }
 
-// curlArgs fetches https://host:port/path through the proxy, trusting
-// caFile, with extra curl arguments.
-func (h *harness) curlArgs(t *testing.T, caFile, host string, port uint16, path string, extra ...string) (string, error) {
-	args := append([]string{"-sS", "-m", "10", "--connect-to", fmt.Sprintf("%s:%d:%s", host, port, h.proxy.Addr()), "--cacert", caFile}, extra...)
-	out, err := exec.Command("curl", append(args, fmt.Sprintf("https://%s:%d%s", host, port, path))...).CombinedOutput()
-	return string(out), err
+// get fetches scheme://host:port/ through the proxy and returns the body.
+func (h *harness) get(t *testing.T, scheme, host string, port uint16) (string, error) {
+	t.Helper()
+	_, _, body, err := h.fetch(t, "GET", fmt.Sprintf("%s://%s:%d/", scheme, host, port), "", nil)
+	return body, err
 }
 
-// curlPath fetches https://host:port/path through the proxy, trusting caFile.
-func (h *harness) curlPath(t *testing.T, caFile, host string, port uint16, path string) (string, error) {
-	out, err := exec.Command("curl", "-sS", "-m", "10", "--connect-to", fmt.Sprintf("%s:%d:%s", host, port, h.proxy.Addr()),
-		"--cacert", caFile, fmt.Sprintf("https://%s:%d%s", host, port, path)).CombinedOutput()
-	return string(out), err
+// getPath fetches https://host:port/path through the proxy, trusting
+// caFile, and returns the body.
+func (h *harness) getPath(t *testing.T, caFile, host string, port uint16, path string) (string, error) {
+	t.Helper()
+	_, _, body, err := h.fetch(t, "GET", fmt.Sprintf("https://%s:%d%s", host, port, path), caFile, nil)
+	return body, err
 }
 
 // rules allows the local test server: by name and port, and its loopback
@@ -249,7 +288,7 @@ func rules(port uint16, names ...string) string {
 func TestProxyAllowedIsSpliced(t *testing.T) {
 	up := startUpstream(t)
 	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpsPort), rules(up.httpsPort, fmt.Sprintf("allowed.test:%d", up.httpsPort)), nil)
-	out, err := h.curl(t, "https", "allowed.test", up.httpsPort)
+	out, err := h.get(t, "https", "allowed.test", up.httpsPort)
 	if err != nil || out != "internet" {
 		t.Fatalf("curl: %v %q", err, out)
 	}
@@ -264,10 +303,11 @@ func TestProxyAllowedIsSpliced(t *testing.T) {
 func TestProxyHTTPDenied403(t *testing.T) {
 	up := startUpstream(t)
 	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpPort), "sandbox:\n  unknown_action: deny\n  network_denylist:\n    - pattern: allowed.test\n", nil)
-	out, err := h.curl(t, "http", "allowed.test", up.httpPort, "-i")
+	_, head, body, err := h.fetch(t, "GET", fmt.Sprintf("http://allowed.test:%d/", up.httpPort), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	out := head + "\n" + body
 	for _, want := range []string{"403 Forbidden", "airlock blocked this request", "sandbox: test", "host:    allowed.test", "http://127.0.0.1:7433/", "unknown_action"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("403 page lacks %q:\n%s", want, out)
@@ -282,7 +322,7 @@ func TestProxySNIMustMatchName(t *testing.T) {
 	up := startUpstream(t)
 	// The client resolved allowed.test but sends SNI other.test.
 	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpsPort), rules(up.httpsPort, fmt.Sprintf("allowed.test:%d", up.httpsPort), fmt.Sprintf("other.test:%d", up.httpsPort)), nil)
-	if out, err := h.curl(t, "https", "other.test", up.httpsPort); err == nil {
+	if out, err := h.get(t, "https", "other.test", up.httpsPort); err == nil {
 		t.Fatalf("fronted connection succeeded: %q", out)
 	}
 	time.Sleep(50 * time.Millisecond)
@@ -301,7 +341,7 @@ func TestProxyAskAllowOnceReleasesFast(t *testing.T) {
 	}
 	done := make(chan res, 3)
 	for i := 0; i < 3; i++ {
-		go func() { o, e := h.curl(t, "https", "unknown.test", up.httpsPort); done <- res{o, e} }()
+		go func() { o, e := h.get(t, "https", "unknown.test", up.httpsPort); done <- res{o, e} }()
 	}
 	var p []policy.Pending
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
@@ -356,7 +396,7 @@ func TestProxyAskDenyAndTimeout(t *testing.T) {
 	up := startUpstream(t)
 	h := newHarness(t, up, netip.AddrPortFrom(fake("unknown.test"), up.httpPort), rules(up.httpPort), nil)
 	done := make(chan string, 1)
-	go func() { o, _ := h.curl(t, "http", "unknown.test", up.httpPort); done <- o }()
+	go func() { o, _ := h.get(t, "http", "unknown.test", up.httpPort); done <- o }()
 	for deadline := time.Now().Add(5 * time.Second); len(h.broker.List()) == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no pending approval")
@@ -367,7 +407,7 @@ func TestProxyAskDenyAndTimeout(t *testing.T) {
 		t.Errorf("denied held request got %q", out)
 	}
 	start := time.Now()
-	out, _ := h.curl(t, "http", "unknown.test", up.httpPort)
+	out, _ := h.get(t, "http", "unknown.test", up.httpPort)
 	if !strings.Contains(out, "no decision within 2s") || time.Since(start) < 1500*time.Millisecond {
 		t.Errorf("after %v: %q; want a 403 after the 2 s approval timeout", time.Since(start), out)
 	}
@@ -379,7 +419,7 @@ func TestProxyAskDenyAndTimeout(t *testing.T) {
 func TestProxySSRFGuard(t *testing.T) {
 	up := startUpstream(t)
 	h := newHarness(t, up, netip.AddrPortFrom(fake("private.test"), 80), "sandbox:\n  network_allowlist:\n    user:\n      - pattern: private.test\n", nil)
-	out, err := h.curl(t, "http", "private.test", 80)
+	out, err := h.get(t, "http", "private.test", 80)
 	if err != nil || !strings.Contains(out, "airlock blocked") || !strings.Contains(out, "SSRF guard refuses: 10.255.0.1 (private network)") {
 		t.Errorf("private.test: %v %q", err, out)
 	}
@@ -390,12 +430,12 @@ func TestProxyRawIP(t *testing.T) {
 	// A raw IP without a name: denied unless a cidr rule allows it.
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), up.httpPort)
 	h := newHarness(t, up, dst, "sandbox:\n  unknown_action: allow\n", nil)
-	out, _ := h.curl(t, "http", "127.0.0.1", up.httpPort)
+	out, _ := h.get(t, "http", "127.0.0.1", up.httpPort)
 	if !strings.Contains(out, "raw IP destination") {
 		t.Errorf("raw IP with unknown_action allow: %q", out)
 	}
 	h2 := newHarness(t, up, dst, rules(up.httpPort), nil)
-	if out, err := h2.curl(t, "http", "127.0.0.1", up.httpPort); err != nil || out != "internet" {
+	if out, err := h2.get(t, "http", "127.0.0.1", up.httpPort); err != nil || out != "internet" {
 		t.Errorf("raw IP with a cidr rule: %v %q", err, out)
 	}
 }
@@ -476,7 +516,7 @@ func TestProxyBadClients(t *testing.T) {
 		t.Errorf("bad clients reached the upstream: %v", up.requests())
 	}
 	// Still serving: a proper client gets through.
-	if out, err := h.curl(t, "https", "allowed.test", up.httpsPort); err != nil || out != "internet" {
+	if out, err := h.get(t, "https", "allowed.test", up.httpsPort); err != nil || out != "internet" {
 		t.Errorf("after the bad clients: %v %q", err, out)
 	}
 }
