@@ -44,7 +44,8 @@ func TestSilentClientCannotFrontLater(t *testing.T) {
 				fmt.Fprintf(c, "GET /secret HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
 				io.Copy(io.Discard, c)
 			}
-			time.Sleep(50 * time.Millisecond)
+			c.Close()
+			waitRecords(t, h, 1) // the proxy is done with the connection
 			if got := up.requests(); len(got) != 0 {
 				t.Errorf("the fronted request reached the upstream: %v", got)
 			}

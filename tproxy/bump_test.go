@@ -78,7 +78,7 @@ func TestBumpHeldRequestAllowPatternPersist(t *testing.T) {
 	if out, err := curl("/v2/y"); err != nil || out != "internet" || len(h.broker.List()) != 0 {
 		t.Errorf("/v2/y: %v %q, pending %v", err, out, h.broker.List())
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitRecords(t, h, 3)
 	h.mu.Lock()
 	n := len(h.records)
 	h.mu.Unlock()

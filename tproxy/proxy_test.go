@@ -290,9 +290,9 @@ func TestProxyAllowedIsSpliced(t *testing.T) {
 	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpsPort), rules(up.httpsPort, fmt.Sprintf("allowed.test:%d", up.httpsPort)), nil)
 	out, err := h.get(t, "https", "allowed.test", up.httpsPort)
 	if err != nil || out != "internet" {
-		t.Fatalf("curl: %v %q", err, out)
+		t.Fatalf("get: %v %q", err, out)
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitRecords(t, h, 1) // written when the connection ends
 	r := h.Records()
 	if len(r) != 1 || r[0].Verdict != policy.Allow || r[0].Rule != fmt.Sprintf("allowed.test:%d", up.httpsPort) ||
 		r[0].Host != "allowed.test" || !r[0].Fake || r[0].Up == 0 || r[0].Down == 0 || r[0].Close != "closed" {
@@ -325,7 +325,7 @@ func TestProxySNIMustMatchName(t *testing.T) {
 	if out, err := h.get(t, "https", "other.test", up.httpsPort); err == nil {
 		t.Fatalf("fronted connection succeeded: %q", out)
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitRecords(t, h, 1)
 	if r := h.Records(); len(r) != 1 || r[0].Verdict != policy.Deny || !strings.Contains(r[0].Reason, "resolved for allowed.test but asks for other.test") {
 		t.Errorf("record = %+v", r)
 	}
@@ -555,7 +555,11 @@ func TestProxyIdleTimeoutAndDrain(t *testing.T) {
 	c2, _ := net.Dial("tcp4", h.proxy.Addr().String())
 	defer c2.Close()
 	c2.Write([]byte("SSH-2.0-client\r\n"))
-	time.Sleep(50 * time.Millisecond)
+	for deadline := time.Now().Add(5 * time.Second); h.proxy.Active() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy never took the connection")
+		}
+	}
 	start = time.Now()
 	h.proxy.Close()
 	if d := time.Since(start); d > time.Second {
