@@ -6,27 +6,20 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"sync"
 	"syscall"
-	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	sdjournal "github.com/coreos/go-systemd/v22/journal"
-	"github.com/google/nftables"
-	"github.com/vishvananda/netlink"
 
 	"github.com/airlockhq/airlock/internal/config"
 	"github.com/airlockhq/airlock/internal/logging"
-	"github.com/airlockhq/airlock/netns"
-	"github.com/airlockhq/airlock/tproxy"
+	"github.com/airlockhq/airlock/internal/supervisor"
 )
 
 func main() {
@@ -63,7 +56,7 @@ func run() int {
 
 	explicit := false
 	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "config" })
-	cfg, err := loadConfig(*cfgPath, explicit)
+	cfg, err := supervisor.LoadConfig(*cfgPath, explicit)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "airlockd: %v\n", err)
 		return 1
@@ -73,7 +66,7 @@ func run() int {
 		return 1
 	}
 	if *teardown {
-		if err := teardownAll(cfg); err != nil {
+		if err := supervisor.Teardown(cfg); err != nil {
 			fmt.Fprintf(os.Stderr, "airlockd: teardown: %v\n", err)
 			return 1
 		}
@@ -93,7 +86,7 @@ func run() int {
 		}
 	}
 	notify("STATUS=starting: rules, sandboxes, API")
-	d, err := start(ctx, cfg, log, startOptions{configPath: *cfgPath, explicit: explicit, notify: notify})
+	d, err := supervisor.Start(ctx, cfg, log, supervisor.Options{ConfigPath: *cfgPath, Explicit: explicit, Notify: notify})
 	if err != nil {
 		notify("STATUS=failed to start: " + err.Error())
 		fmt.Fprintf(os.Stderr, "airlockd: %v\n", err)
@@ -101,18 +94,18 @@ func run() int {
 	}
 	if *showToken {
 		fmt.Printf("\nairlock API: %s\ntoken:       %s\ntry:         curl -H \"Authorization: Bearer %s\" %sapi/v1/sandboxes\n\n",
-			apiURL(cfg.APIListen), d.api.Token(), d.api.Token(), apiURL(cfg.APIListen))
+			supervisor.APIURL(cfg.APIListen), d.Token(), d.Token(), supervisor.APIURL(cfg.APIListen))
 	}
 	quit := make(chan struct{})
 	var bg sync.WaitGroup
-	bg.Go(func() { d.watchPolicies(cfg.PolicyPoll, quit) })
+	bg.Go(func() { d.WatchPolicies(cfg.PolicyPoll, quit) })
 	if every, err := sddaemon.SdWatchdogEnabled(false); err != nil {
 		log.Warn("systemd watchdog", "err", err)
 	} else if every > 0 {
-		bg.Go(func() { d.watchdog(every/2, quit) })
+		bg.Go(func() { d.Watchdog(every/2, quit) })
 	}
 	// Rules, gates, proxies and the API are all up.
-	notify("READY=1\nSTATUS=" + d.status())
+	notify("READY=1\nSTATUS=" + d.Status())
 	for running := true; running; {
 		select {
 		case <-ctx.Done():
@@ -125,84 +118,6 @@ func run() int {
 	notify("STOPPING=1\nSTATUS=stopping: draining connections; sandboxes stay closed")
 	close(quit)
 	bg.Wait()
-	d.close()
+	d.Close()
 	return 0
-}
-
-func loadConfig(path string, explicit bool) (*config.Config, error) {
-	cfg, err := config.Load(path)
-	if errors.Is(err, os.ErrNotExist) && !explicit {
-		return config.Default(), nil
-	}
-	return cfg, err
-}
-
-// upstreamRoots are the system roots plus the certificates in file (the
-// config's upstream_ca_file), which verify upstream TLS when intercepting.
-func upstreamRoots(file string) (*x509.CertPool, error) {
-	pool, err := x509.SystemCertPool()
-	if err != nil {
-		pool = x509.NewCertPool()
-	}
-	if file == "" {
-		return pool, nil
-	}
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("upstream_ca_file: %w", err)
-	}
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("upstream_ca_file %s holds no PEM certificate", file)
-	}
-	return pool, nil
-}
-
-// teardownAll removes the table, the bridges of configured sandboxes and of
-// any sandbox the table still names, and the leases.
-func teardownAll(cfg *config.Config) error {
-	conn, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	h, err := netlink.NewHandle()
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	bridges := map[string]bool{}
-	for _, sb := range cfg.Sandboxes {
-		bridges[netns.BridgeName(sb.Name)] = true
-	}
-	for _, b := range tproxy.TableBridges(conn) {
-		bridges[b] = true
-	}
-	var errs []error
-	// Docker networks first: one left behind would bring its bridge back,
-	// without rules, when a container joins it.
-	if dk, err := netns.ConnectDocker(context.Background(), slog.New(slog.DiscardHandler)); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		err := dk.RemoveOthers(ctx)
-		cancel()
-		dk.Close()
-		if err != nil {
-			return fmt.Errorf("rules kept because a sandbox's Docker network could not be removed: %w", err)
-		}
-	}
-	// Bridges next: a bridge without rules would be open. If one cannot
-	// be removed, the rules stay.
-	for b := range bridges {
-		if err := netns.DeleteBridge(h, b); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("rules kept because a bridge could not be removed: %w", errors.Join(errs...))
-	}
-	if err := tproxy.DeleteRules(conn); err != nil {
-		errs = append(errs, err)
-	}
-	if err := os.RemoveAll(filepath.Join(cfg.RunDir, "leases")); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
 }

@@ -1,4 +1,4 @@
-package main
+package supervisor
 
 import (
 	"context"
@@ -37,7 +37,7 @@ type memberWait struct {
 
 // connectDocker connects to the Docker Engine. Without one it says so once
 // and airlockd goes on with `airlock run` members only.
-func (d *daemon) connectDocker() {
+func (d *Daemon) connectDocker() {
 	dk, err := netns.ConnectDocker(d.ctx, d.log)
 	if err != nil {
 		d.log.Warn("no Docker Engine: sandboxes take `airlock run` members only; start Docker and restart airlockd for Docker members", "err", err)
@@ -50,7 +50,7 @@ func (d *daemon) connectDocker() {
 
 // startDockerLocked gives every sandbox its Docker network and sidecars,
 // and follows the engine's events, which adopts running members.
-func (d *daemon) startDockerLocked() {
+func (d *Daemon) startDockerLocked() {
 	if d.docker == nil {
 		return
 	}
@@ -73,7 +73,7 @@ func (d *daemon) startDockerLocked() {
 
 // dockerSandboxLocked creates the sandbox's Docker network and starts its
 // MCP sidecars.
-func (d *daemon) dockerSandboxLocked(s *sandbox) error {
+func (d *Daemon) dockerSandboxLocked(s *sandbox) error {
 	if d.docker == nil {
 		return nil
 	}
@@ -104,7 +104,7 @@ func sidecarName(sandbox, server string) string {
 
 // ensureSidecar starts an SSE MCP server's container unless it runs
 // already with the same image, which is how a restarted airlockd adopts it.
-func (d *daemon) ensureSidecar(ctx context.Context, s *sandbox, srv policy.MCPServer, res policy.Resources) error {
+func (d *Daemon) ensureSidecar(ctx context.Context, s *sandbox, srv policy.MCPServer, res policy.Resources) error {
 	name := sidecarName(s.cfg.Name, srv.Name)
 	cli := d.docker.Client()
 	if info, err := cli.ContainerInspect(ctx, name); err == nil {
@@ -137,7 +137,7 @@ func (d *daemon) ensureSidecar(ctx context.Context, s *sandbox, srv policy.MCPSe
 // memberChanged hears of Docker members coming and going: it applies their
 // trust label, records them, and puts a run timeout on one-off members a
 // restarted airlockd adopts.
-func (d *daemon) memberChanged(m netns.Member, event string) {
+func (d *Daemon) memberChanged(m netns.Member, event string) {
 	s := d.sandboxNamed(m.Sandbox)
 	if s == nil {
 		return
@@ -168,7 +168,7 @@ func (s *sandbox) trustLabel(m netns.Member) {
 
 // sandboxNamed returns the running sandbox name, or nil. It takes no lock
 // of d.mu, so Docker's hooks may call it while a sandbox is being made.
-func (d *daemon) sandboxNamed(name string) *sandbox {
+func (d *Daemon) sandboxNamed(name string) *sandbox {
 	if s, ok := d.byName.Load(name); ok {
 		return s.(*sandbox)
 	}
@@ -177,7 +177,7 @@ func (d *daemon) sandboxNamed(name string) *sandbox {
 
 // superviseMember waits for a one-off member to end, killing it at the
 // sandbox's run timeout, and keeps how it ended for WaitContainer.
-func (d *daemon) superviseMember(s *sandbox, m netns.Member) {
+func (d *Daemon) superviseMember(s *sandbox, m netns.Member) {
 	r := &d.dockerRuns
 	r.mu.Lock()
 	if _, ok := r.waiters[m.ID]; ok {
@@ -220,7 +220,7 @@ func (s *sandbox) AgentOf(source string) string {
 
 // The ui.Containers methods.
 
-func (d *daemon) ListContainers(sandbox string) ([]ui.Container, error) {
+func (d *Daemon) ListContainers(sandbox string) ([]ui.Container, error) {
 	var out []ui.Container
 	for _, m := range d.docker.Members(sandbox) {
 		out = append(out, ui.Container{ID: m.ID, Name: m.Name, Source: m.Source, Agent: m.Agent, Trust: m.Trust, Addr: m.Addr.String(), Managed: m.Managed})
@@ -228,7 +228,7 @@ func (d *daemon) ListContainers(sandbox string) ([]ui.Container, error) {
 	return out, nil
 }
 
-func (d *daemon) StartContainer(sandbox string, req ui.ContainerRequest) (ui.Container, error) {
+func (d *Daemon) StartContainer(sandbox string, req ui.ContainerRequest) (ui.Container, error) {
 	s := d.sandboxNamed(sandbox)
 	if s == nil {
 		return ui.Container{}, &ui.ManagerError{Msg: fmt.Sprintf("no sandbox %q", sandbox), NotFound: true}
@@ -282,7 +282,7 @@ func (d *daemon) StartContainer(sandbox string, req ui.ContainerRequest) (ui.Con
 // holds or lies inside what a member must never see: the host's system
 // directories, sockets (a Docker socket is a way out of any container), and
 // airlockd's own state (the token, the CA keys).
-func (d *daemon) checkWorkspace(dir string) (string, error) {
+func (d *Daemon) checkWorkspace(dir string) (string, error) {
 	if !filepath.IsAbs(dir) {
 		return "", fmt.Errorf("workspace %q is not an absolute path", dir)
 	}
@@ -333,7 +333,7 @@ func stdioServers(servers []policy.MCPServer) string {
 	return string(b)
 }
 
-func (d *daemon) WaitContainer(ctx context.Context, sandbox, id string) (ui.ContainerResult, error) {
+func (d *Daemon) WaitContainer(ctx context.Context, sandbox, id string) (ui.ContainerResult, error) {
 	r := &d.dockerRuns
 	r.mu.Lock()
 	var w *memberWait
@@ -354,7 +354,7 @@ func (d *daemon) WaitContainer(ctx context.Context, sandbox, id string) (ui.Cont
 	}
 }
 
-func (d *daemon) RemoveContainer(sandbox, id string) error {
+func (d *Daemon) RemoveContainer(sandbox, id string) error {
 	ctx, cancel := context.WithTimeout(d.ctx, 30*time.Second)
 	defer cancel()
 	err := d.docker.Remove(ctx, sandbox, id)

@@ -1,4 +1,4 @@
-package main
+package supervisor
 
 import (
 	"os"
@@ -21,7 +21,7 @@ func TestCheckWorkspace(t *testing.T) {
 	if err := os.Symlink(state, link); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{cfg: &config.Config{StateDir: state, RunDir: filepath.Join(root, "run")}}
+	d := &Daemon{cfg: &config.Config{StateDir: state, RunDir: filepath.Join(root, "run")}}
 	if got, err := d.checkWorkspace(project); err != nil || got != project {
 		t.Errorf("a project directory: %q, %v", got, err)
 	}

@@ -1,4 +1,4 @@
-package main
+package supervisor
 
 import (
 	"crypto/sha256"
@@ -22,7 +22,7 @@ import (
 // file that does not parse keeps its sandbox's last good policy. Settings
 // other than the sandboxes need a restart; Restart lists those that
 // changed. It implements ui.Manager.
-func (d *daemon) Reload() (ui.ReloadResult, error) {
+func (d *Daemon) Reload() (ui.ReloadResult, error) {
 	d.notify("RELOADING=1\nSTATUS=reloading " + d.cfgPath)
 	res, err := d.reload()
 	if err != nil {
@@ -34,13 +34,13 @@ func (d *daemon) Reload() (ui.ReloadResult, error) {
 		d.log.Info("reloaded", "config", d.cfgPath, "added", res.Added, "removed", res.Removed, "changed", res.Changed,
 			"policies", len(res.Reloaded), "errors", len(res.Errors), "restart_needed", res.Restart)
 	}
-	d.notify("READY=1\nSTATUS=" + d.status())
+	d.notify("READY=1\nSTATUS=" + d.Status())
 	return res, err
 }
 
-func (d *daemon) reload() (ui.ReloadResult, error) {
+func (d *Daemon) reload() (ui.ReloadResult, error) {
 	res := ui.ReloadResult{Added: []string{}, Removed: []string{}, Changed: []string{}, Reloaded: []string{}, Widened: []string{}, Errors: []string{}, Restart: []string{}}
-	next, err := loadConfig(d.cfgPath, d.cfgExplicit)
+	next, err := LoadConfig(d.cfgPath, d.cfgExplicit)
 	if err != nil {
 		return res, &ui.ManagerError{Msg: err.Error(), Hint: "the running config stays in force; fix the file and reload again"}
 	}
@@ -63,7 +63,7 @@ func (d *daemon) reload() (ui.ReloadResult, error) {
 	for _, sb := range next.Sandboxes {
 		wanted[sb.Name] = sb
 	}
-	var start []config.Sandbox
+	var Start []config.Sandbox
 	// Down first, so that a subnet freed by one sandbox can go to another.
 	for i := 0; i < len(d.sandboxes); {
 		s := d.sandboxes[i]
@@ -106,7 +106,7 @@ func (d *daemon) reload() (ui.ReloadResult, error) {
 				res.Removed = append(res.Removed, sb.Name)
 				break // and down it goes
 			}
-			start = append(start, sb)
+			Start = append(Start, sb)
 		default:
 			res.Removed = append(res.Removed, s.cfg.Name)
 		}
@@ -136,12 +136,12 @@ func (d *daemon) reload() (ui.ReloadResult, error) {
 	}
 	for _, sb := range next.Sandboxes {
 		if !slices.ContainsFunc(d.sandboxes, func(s *sandbox) bool { return s.cfg.Name == sb.Name }) &&
-			!slices.ContainsFunc(start, func(c config.Sandbox) bool { return c.Name == sb.Name }) {
+			!slices.ContainsFunc(Start, func(c config.Sandbox) bool { return c.Name == sb.Name }) {
 			res.Added = append(res.Added, sb.Name)
-			start = append(start, sb)
+			Start = append(Start, sb)
 		}
 	}
-	for _, sb := range start {
+	for _, sb := range Start {
 		if _, err := d.addSandboxLocked(sb, false); err != nil {
 			res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s: %v", sb.Name, err))
 			res.Added = slices.DeleteFunc(res.Added, func(n string) bool { return n == sb.Name })
@@ -228,7 +228,7 @@ func fingerprintOf(path string) fingerprint {
 // logged once, with what widens, and shown in the status line. A file that
 // does not parse is refused with its file and line, once per change. In
 // both cases the policy in force stays.
-func (d *daemon) watchPolicies(interval time.Duration, stop <-chan struct{}) {
+func (d *Daemon) WatchPolicies(interval time.Duration, stop <-chan struct{}) {
 	every(interval, stop, func() {
 		d.mu.Lock()
 		running := slices.Clone(d.sandboxes)
@@ -280,18 +280,18 @@ func every(interval time.Duration, stop <-chan struct{}, f func()) {
 
 // setHeld records the widening edit of s's policy file that a poll kept
 // out of force (nil: none), and tells systemd when that changes.
-func (d *daemon) setHeld(s *sandbox, why []string) {
+func (d *Daemon) setHeld(s *sandbox, why []string) {
 	d.mu.Lock()
 	changed := !slices.Equal(s.held, why)
 	s.held = why
 	d.mu.Unlock()
 	if changed {
-		d.notify("STATUS=" + d.status())
+		d.notify("STATUS=" + d.Status())
 	}
 }
 
 // status is the one-line state systemd shows in `systemctl status`.
-func (d *daemon) status() string {
+func (d *Daemon) Status() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	names := make([]string, len(d.sandboxes))
@@ -305,7 +305,7 @@ func (d *daemon) status() string {
 	if len(names) == 0 {
 		names = []string{"none"}
 	}
-	st := fmt.Sprintf("sandboxes: %s; API %s", strings.Join(names, ", "), apiURL(d.cfg.APIListen))
+	st := fmt.Sprintf("sandboxes: %s; API %s", strings.Join(names, ", "), APIURL(d.cfg.APIListen))
 	if len(held) > 0 {
 		st += "; policy edits that widen access wait for airlock reload: " + strings.Join(held, ", ")
 	}
@@ -315,7 +315,7 @@ func (d *daemon) status() string {
 // watchdog tells systemd the daemon is alive every interval, until stop is
 // closed. A daemon stuck holding its lock stops the pings, and systemd
 // restarts it.
-func (d *daemon) watchdog(interval time.Duration, stop <-chan struct{}) {
+func (d *Daemon) Watchdog(interval time.Duration, stop <-chan struct{}) {
 	every(interval, stop, func() {
 		// Taking the lock proves nothing holds it for good.
 		d.mu.Lock()

@@ -1,4 +1,4 @@
-package main
+package supervisor
 
 import (
 	"context"
@@ -30,7 +30,7 @@ import (
 )
 
 // daemon is a running airlockd: the shared pieces, and the sandboxes.
-type daemon struct {
+type Daemon struct {
 	ctx context.Context
 	// cfgPath and cfgExplicit say where a reload reads the config from;
 	// without an explicit --config, a missing file means the built-in one.
@@ -96,27 +96,32 @@ func (s *sandbox) stop(log *slog.Logger) {
 }
 
 // startOptions are what start needs besides the config itself.
-type startOptions struct {
-	configPath string // the --config path, read again on reload
-	explicit   bool   // --config was given: a missing file is an error
-	notify     func(state string)
+type Options struct {
+	ConfigPath string // the --config path, read again on reload
+	Explicit   bool   // --config was given: a missing file is an error
+	// Notify tells systemd about the daemon's state (sd_notify); nil
+	// means nobody is told.
+	Notify func(state string)
 }
 
 // start brings up what every sandbox shares, then each configured and
 // API-made sandbox, then the API. On error, what started is stopped.
-func start(ctx context.Context, cfg *config.Config, log *slog.Logger, opt startOptions) (*daemon, error) {
-	if opt.notify == nil {
-		opt.notify = func(string) {}
+func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opt Options) (*Daemon, error) {
+	if opt.Notify == nil {
+		opt.Notify = func(string) {}
 	}
-	d := &daemon{ctx: ctx, cfg: cfg, log: log, cfgPath: opt.configPath, cfgExplicit: opt.explicit, notify: opt.notify}
+	if opt.Notify == nil {
+		opt.Notify = func(string) {}
+	}
+	d := &Daemon{ctx: ctx, cfg: cfg, log: log, cfgPath: opt.ConfigPath, cfgExplicit: opt.Explicit, notify: opt.Notify}
 	if err := d.init(); err != nil {
-		d.close()
+		d.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
-func (d *daemon) init() error {
+func (d *Daemon) init() error {
 	cfg := d.cfg
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
@@ -205,7 +210,7 @@ func (d *daemon) init() error {
 		return err
 	}
 	d.log.Info("airlockd ready", "config", cfg.Path, "upstream_dns", d.servers, "sandboxes", len(d.sandboxes),
-		"api", apiURL(cfg.APIListen), "token_file", filepath.Join(cfg.StateDir, "token"))
+		"api", APIURL(cfg.APIListen), "token_file", filepath.Join(cfg.StateDir, "token"))
 	return nil
 }
 
@@ -213,7 +218,7 @@ func (d *daemon) init() error {
 // left by an earlier run name but that are wanted no more (taken out of the
 // config while airlockd was stopped): the new rules would not cage them.
 // A bridge that cannot be removed fails the start, and the old rules stay.
-func (d *daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
+func (d *Daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
 	keep := map[string]bool{}
 	for _, sb := range wanted {
 		keep[netns.BridgeName(sb.Name)] = true
@@ -230,7 +235,7 @@ func (d *daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
 	return nil
 }
 
-func (d *daemon) ensureRulesLocked(sbs []config.Sandbox) error {
+func (d *Daemon) ensureRulesLocked(sbs []config.Sandbox) error {
 	rules := tproxy.RulesConfig{ProxyPort: d.cfg.ProxyPort, MemberVethPrefix: netns.MemberVethPrefix, BridgePrefix: netns.BridgePrefix}
 	for _, sb := range sbs {
 		n, err := netns.NewNetwork(sb.Name, sb.Subnet)
@@ -242,7 +247,7 @@ func (d *daemon) ensureRulesLocked(sbs []config.Sandbox) error {
 	return tproxy.EnsureRules(d.conn, rules)
 }
 
-func (d *daemon) runningConfigsLocked() []config.Sandbox {
+func (d *Daemon) runningConfigsLocked() []config.Sandbox {
 	out := make([]config.Sandbox, len(d.sandboxes))
 	for i, s := range d.sandboxes {
 		out[i] = s.cfg
@@ -252,7 +257,7 @@ func (d *daemon) runningConfigsLocked() []config.Sandbox {
 
 // startSandboxLocked brings up one sandbox whose rules are in place:
 // bridge, policy, journal, DNS gate, broker, CA and proxy.
-func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox, err error) {
+func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox, err error) {
 	cfg, log := d.cfg, d.log
 	s := &sandbox{cfg: sb, fromAPI: fromAPI, docker: d.docker}
 	defer func() {
@@ -378,7 +383,7 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		Logger:             log,
 		LogAllowed:         cfg.LogAllowed,
 		DrainTimeout:       drainTimeout(cfg.Drain),
-		ApprovalURL:        apiURL(cfg.APIListen),
+		ApprovalURL:        APIURL(cfg.APIListen),
 	})
 	if err != nil {
 		return nil, err
@@ -412,7 +417,7 @@ func (d *daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 
 // CreateSandbox starts a new sandbox and remembers it across restarts. It
 // implements ui.Manager.
-func (d *daemon) CreateSandbox(name, policyPath, subnet string) (ui.Sandbox, error) {
+func (d *Daemon) CreateSandbox(name, policyPath, subnet string) (ui.Sandbox, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	probe := *d.cfg
@@ -437,7 +442,7 @@ func (d *daemon) CreateSandbox(name, policyPath, subnet string) (ui.Sandbox, err
 // addSandboxLocked brings sb up next to the running sandboxes: its rules
 // first, so its bridge is caged from the moment it exists, then the rest.
 // On error nothing of it is left.
-func (d *daemon) addSandboxLocked(sb config.Sandbox, fromAPI bool) (*sandbox, error) {
+func (d *Daemon) addSandboxLocked(sb config.Sandbox, fromAPI bool) (*sandbox, error) {
 	running := d.runningConfigsLocked()
 	if err := d.ensureRulesLocked(append(running, sb)); err != nil {
 		return nil, err
@@ -458,7 +463,7 @@ func (d *daemon) addSandboxLocked(sb config.Sandbox, fromAPI bool) (*sandbox, er
 // DeleteSandbox stops an API-made sandbox and tears its network down. Its
 // policy file, CA and history stay in the state directory. It implements
 // ui.Manager.
-func (d *daemon) DeleteSandbox(name string) error {
+func (d *Daemon) DeleteSandbox(name string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	i := slices.IndexFunc(d.sandboxes, func(s *sandbox) bool { return s.cfg.Name == name })
@@ -477,7 +482,7 @@ func (d *daemon) DeleteSandbox(name string) error {
 // removeSandboxLocked stops sandbox i and tears its network down: its
 // Docker containers and network, the bridge, then its rules, then its
 // leases. When the containers cannot be removed, the sandbox stays.
-func (d *daemon) removeSandboxLocked(i int) error {
+func (d *Daemon) removeSandboxLocked(i int) error {
 	s := d.sandboxes[i]
 	name := s.cfg.Name
 	if d.docker != nil {
@@ -501,7 +506,7 @@ func (d *daemon) removeSandboxLocked(i int) error {
 	return nil
 }
 
-func (d *daemon) saveAPISandboxesLocked() error {
+func (d *Daemon) saveAPISandboxesLocked() error {
 	var made []config.Sandbox
 	for _, s := range d.sandboxes {
 		if s.fromAPI {
@@ -512,12 +517,12 @@ func (d *daemon) saveAPISandboxesLocked() error {
 }
 
 // registerLocked adds a started sandbox to the running ones.
-func (d *daemon) registerLocked(s *sandbox) {
+func (d *Daemon) registerLocked(s *sandbox) {
 	d.sandboxes = append(d.sandboxes, s)
 	d.byName.Store(s.cfg.Name, s)
 }
 
-func (d *daemon) uiSandboxes() []ui.Sandbox {
+func (d *Daemon) uiSandboxes() []ui.Sandbox {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make([]ui.Sandbox, len(d.sandboxes))
@@ -530,7 +535,7 @@ func (d *daemon) uiSandboxes() []ui.Sandbox {
 // close stops the API and every sandbox, each proxy letting its open
 // connections finish for drain_seconds, all sandboxes at once; the rules
 // and bridges stay, so sandboxes remain closed.
-func (d *daemon) close() {
+func (d *Daemon) Close() {
 	if d.api != nil {
 		d.api.Close()
 	}
@@ -554,7 +559,7 @@ func (d *daemon) close() {
 // limits are the config's limits, the defaults derived from the
 // descriptor limit the process has (Go raises its soft limit to the hard
 // one at start; the unit sets LimitNOFILE).
-func (d *daemon) limits() config.Limits {
+func (d *Daemon) limits() config.Limits {
 	var rl unix.Rlimit
 	nofile := uint64(1024)
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil {
@@ -570,9 +575,12 @@ func drainTimeout(d time.Duration) time.Duration {
 	return d
 }
 
-func apiURL(listen string) string {
+func APIURL(listen string) string {
 	if strings.HasPrefix(listen, "unix:") {
 		return listen
 	}
 	return "http://" + listen + "/"
 }
+
+// Token is the API's bearer token.
+func (d *Daemon) Token() string { return d.api.Token() }
