@@ -59,20 +59,27 @@ func (d *Daemon) reload() (ui.ReloadResult, error) {
 	}
 	res.Restart = restartKeys(d.cfg, next)
 
-	wanted := map[string]config.Sandbox{}
-	for _, sb := range next.Sandboxes {
-		wanted[sb.Name] = sb
+	var configured []config.Sandbox
+	for _, s := range d.sandboxes {
+		if !s.fromAPI {
+			configured = append(configured, s.cfg)
+		}
 	}
-	var Start []config.Sandbox
+	p := plan(configured, next.Sandboxes)
+	changes := map[string]config.Sandbox{}
+	for _, sb := range slices.Concat(p.Restart, p.Replace) {
+		changes[sb.Name] = sb
+	}
+	var toStart []config.Sandbox
 	// Down first, so that a subnet freed by one sandbox can go to another.
 	for i := 0; i < len(d.sandboxes); {
 		s := d.sandboxes[i]
-		sb, keep := wanted[s.cfg.Name]
+		sb, changed := changes[s.cfg.Name]
 		switch {
-		case s.fromAPI || keep && sb == s.cfg:
+		case s.fromAPI || !changed && !slices.Contains(p.Remove, s.cfg.Name):
 			i++
 			continue
-		case keep:
+		case changed:
 			// A new policy file that does not parse leaves the sandbox as it
 			// runs; the next reload tries again.
 			nextPolicy, err := policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy})
@@ -90,7 +97,7 @@ func (d *Daemon) reload() (ui.ReloadResult, error) {
 				d.log.Warn("reload: the sandbox's new config widens access; applied", "sandbox", sb.Name, "policy", sb.Policy, "widens", w)
 			}
 			res.Changed = append(res.Changed, s.cfg.Name)
-			if sb.Subnet == s.cfg.Subnet {
+			if slices.Contains(p.Restart, sb) {
 				// Same network: restart its services on the bridge that
 				// stays, so members keep their place on it.
 				s.stop(d.log)
@@ -106,7 +113,7 @@ func (d *Daemon) reload() (ui.ReloadResult, error) {
 				res.Removed = append(res.Removed, sb.Name)
 				break // and down it goes
 			}
-			Start = append(Start, sb)
+			toStart = append(toStart, sb)
 		default:
 			res.Removed = append(res.Removed, s.cfg.Name)
 		}
@@ -134,14 +141,11 @@ func (d *Daemon) reload() (ui.ReloadResult, error) {
 		}
 		s.held = nil
 	}
-	for _, sb := range next.Sandboxes {
-		if !slices.ContainsFunc(d.sandboxes, func(s *sandbox) bool { return s.cfg.Name == sb.Name }) &&
-			!slices.ContainsFunc(Start, func(c config.Sandbox) bool { return c.Name == sb.Name }) {
-			res.Added = append(res.Added, sb.Name)
-			Start = append(Start, sb)
-		}
+	for _, sb := range p.Add {
+		res.Added = append(res.Added, sb.Name)
+		toStart = append(toStart, sb)
 	}
-	for _, sb := range Start {
+	for _, sb := range toStart {
 		if _, err := d.addSandboxLocked(sb, false); err != nil {
 			res.Errors = append(res.Errors, fmt.Sprintf("sandbox %s: %v", sb.Name, err))
 			res.Added = slices.DeleteFunc(res.Added, func(n string) bool { return n == sb.Name })
@@ -152,6 +156,53 @@ func (d *Daemon) reload() (ui.ReloadResult, error) {
 	cfg.Path, cfg.Sandboxes = next.Path, next.Sandboxes
 	d.cfg = &cfg
 	return res, nil
+}
+
+// reloadPlan is what a reload does to the sandboxes of the config, worked
+// out from the running config and the next one before anything changes.
+// API-made sandboxes are not in it: a reload leaves them running.
+type reloadPlan struct {
+	// Keep run on as they are; their policy files are read again.
+	Keep []string
+	// Restart get another policy file on the same subnet: their services
+	// restart on the bridge that stays, so members keep their place.
+	Restart []config.Sandbox
+	// Replace move to another subnet: down, then up.
+	Replace []config.Sandbox
+	// Remove are no longer in the config.
+	Remove []string
+	// Add are new in the config, in its order.
+	Add []config.Sandbox
+}
+
+// plan compares the running config sandboxes with the next config's.
+func plan(running, next []config.Sandbox) reloadPlan {
+	var p reloadPlan
+	wanted := map[string]config.Sandbox{}
+	for _, sb := range next {
+		wanted[sb.Name] = sb
+	}
+	runs := map[string]bool{}
+	for _, r := range running {
+		runs[r.Name] = true
+		sb, ok := wanted[r.Name]
+		switch {
+		case !ok:
+			p.Remove = append(p.Remove, r.Name)
+		case sb == r:
+			p.Keep = append(p.Keep, r.Name)
+		case sb.Subnet == r.Subnet:
+			p.Restart = append(p.Restart, sb)
+		default:
+			p.Replace = append(p.Replace, sb)
+		}
+	}
+	for _, sb := range next {
+		if !runs[sb.Name] {
+			p.Add = append(p.Add, sb)
+		}
+	}
+	return p
 }
 
 // widenedBy says what a sandbox's new config (another policy file, another

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/airlockhq/airlock/internal/config"
@@ -38,6 +39,37 @@ func TestWidenedBy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := widenedBy(run, tc.next, strict, tc.after); got != tc.want {
 				t.Errorf("widenedBy = %q\nwant        %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPlan: what a reload does to each sandbox of the config, decided from
+// the two configs alone.
+func TestPlan(t *testing.T) {
+	sb := func(name, subnet, pol string) config.Sandbox {
+		return config.Sandbox{Name: name, Subnet: netip.MustParsePrefix(subnet), Policy: pol}
+	}
+	a, b, c := sb("a", "10.88.0.0/24", "/a.yaml"), sb("b", "10.88.1.0/24", "/b.yaml"), sb("c", "10.88.2.0/24", "/c.yaml")
+	for _, tc := range []struct {
+		name          string
+		running, next []config.Sandbox
+		want          reloadPlan
+	}{
+		{"nothing changed", []config.Sandbox{a, b}, []config.Sandbox{a, b}, reloadPlan{Keep: []string{"a", "b"}}},
+		{"one removed, one added", []config.Sandbox{a, b}, []config.Sandbox{a, c}, reloadPlan{Keep: []string{"a"}, Remove: []string{"b"}, Add: []config.Sandbox{c}}},
+		{"another policy file, same subnet", []config.Sandbox{a}, []config.Sandbox{sb("a", "10.88.0.0/24", "/evil.yaml")},
+			reloadPlan{Restart: []config.Sandbox{sb("a", "10.88.0.0/24", "/evil.yaml")}}},
+		{"another subnet", []config.Sandbox{a}, []config.Sandbox{sb("a", "10.88.9.0/24", "/a.yaml")},
+			reloadPlan{Replace: []config.Sandbox{sb("a", "10.88.9.0/24", "/a.yaml")}}},
+		{"a subnet freed and taken", []config.Sandbox{a, b}, []config.Sandbox{sb("c", "10.88.1.0/24", "/c.yaml"), a},
+			reloadPlan{Keep: []string{"a"}, Remove: []string{"b"}, Add: []config.Sandbox{sb("c", "10.88.1.0/24", "/c.yaml")}}},
+		{"first start of a config", nil, []config.Sandbox{a, b}, reloadPlan{Add: []config.Sandbox{a, b}}},
+		{"all gone", []config.Sandbox{a}, nil, reloadPlan{Remove: []string{"a"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := plan(tc.running, tc.next); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("plan = %+v\nwant   %+v", got, tc.want)
 			}
 		})
 	}
