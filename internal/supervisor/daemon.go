@@ -304,26 +304,7 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		}
 		d.mets.Observe(s.journal.Add(e))
 	}
-	leases := cfg.LeaseDir(sb.Name)
-	dockers := s.net.DockerRange()
-	members := func(a netip.Addr) string {
-		if a == s.net.Gateway {
-			return "host" // the rules drop the gateway's address from the bridge: this is the host itself
-		}
-		// Leases are only ever taken below Docker's range: no file to open
-		// for a container's address.
-		if !dockers.Contains(a) {
-			if src := netns.LeaseSource(leases, a); src != "" {
-				return src
-			}
-		}
-		if d.docker != nil {
-			if m, ok := d.docker.Member(a); ok && m.Sandbox == sb.Name {
-				return m.Source
-			}
-		}
-		return ""
-	}
+	members := attribution{d: d, sandbox: sb.Name, gateway: s.net.Gateway, leases: cfg.LeaseDir(sb.Name), dockers: s.net.DockerRange()}.member
 	// A pool of its own: sandboxes must not learn each other's names
 	// through PTR queries or the order of addresses.
 	pool, err := dnsgate.NewPool(cfg.FakeIPPool)
