@@ -258,23 +258,52 @@ func (d *Daemon) runningConfigsLocked() []config.Sandbox {
 // startSandboxLocked brings up one sandbox whose rules are in place:
 // bridge, policy, journal, DNS gate, broker, CA and proxy.
 func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox, err error) {
-	cfg, log := d.cfg, d.log
 	s := &sandbox{cfg: sb, fromAPI: fromAPI, docker: d.docker}
 	defer func() {
 		if err != nil {
-			s.stop(log) // s, not the result, which is nil on error
+			s.stop(d.log) // s, not the result, which is nil on error
 		}
 	}()
-	if s.net, err = netns.NewNetwork(sb.Name, sb.Subnet); err != nil {
+	if err = d.openSandbox(s); err != nil {
 		return nil, err
 	}
-	if err = s.net.Ensure(d.h); err != nil {
+	members := attribution{d: d, sandbox: sb.Name, gateway: s.net.Gateway, leases: d.cfg.LeaseDir(sb.Name), dockers: s.net.DockerRange()}.member
+	guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{
+		MaxLabelLen:   d.cfg.Exfil.MaxLabelLen,
+		MaxSubdomains: d.cfg.Exfil.MaxSubdomainsPerMinute,
+		AlertOnly:     d.cfg.Exfil.AlertOnly,
+	}, nil)
+	if err != nil {
 		return nil, err
+	}
+	pool, err := d.startGate(s, guard, members)
+	if err != nil {
+		return nil, err
+	}
+	if err = d.startProxy(s, pool, guard, members); err != nil {
+		return nil, err
+	}
+	d.registerGauges(s)
+	d.log.Info("sandbox ready", "sandbox", sb.Name, "bridge", s.net.Bridge, "subnet", s.net.Subnet.String(),
+		"gate", s.net.Gateway.String()+":53", "policy", sb.Policy, "rules", len(s.policy.Rules()))
+	return s, nil
+}
+
+// openSandbox builds a sandbox's bridge, reads its policy file, names its
+// Docker members and opens its journal.
+func (d *Daemon) openSandbox(s *sandbox) error {
+	sb := s.cfg
+	var err error
+	if s.net, err = netns.NewNetwork(sb.Name, sb.Subnet); err != nil {
+		return err
+	}
+	if err = s.net.Ensure(d.h); err != nil {
+		return err
 	}
 	// Before the file is read: an edit in between is then seen as a change.
 	s.policyFP = fingerprintOf(sb.Policy)
 	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy, UnnamedUntrusted: true}); err != nil {
-		return nil, err
+		return err
 	}
 	if d.docker != nil {
 		// Before the gate and proxy listen: containers already running on
@@ -285,34 +314,33 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 			s.trustLabel(m)
 		}
 	}
-	guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{
-		MaxLabelLen:   cfg.Exfil.MaxLabelLen,
-		MaxSubdomains: cfg.Exfil.MaxSubdomainsPerMinute,
-		AlertOnly:     cfg.Exfil.AlertOnly,
-	}, nil)
-	if err != nil {
-		return nil, err
-	}
-	if s.journal, err = audit.Open(audit.Config{Dir: filepath.Join(cfg.StateDir, "audit", sb.Name)}); err != nil {
-		return nil, err
+	if s.journal, err = audit.Open(audit.Config{Dir: filepath.Join(d.cfg.StateDir, "audit", sb.Name)}); err != nil {
+		return err
 	}
 	s.closers = append(s.closers, s.journal.Close)
-	record := func(e audit.Entry) {
-		e.Sandbox = sb.Name
-		if e.Source != "" {
-			e.Agent = s.AgentOf(e.Source)
-		}
-		d.mets.Observe(s.journal.Add(e))
+	return nil
+}
+
+// record adds an entry to a sandbox's journal and metrics, naming the
+// agent behind its source.
+func (d *Daemon) record(s *sandbox, e audit.Entry) {
+	e.Sandbox = s.cfg.Name
+	if e.Source != "" {
+		e.Agent = s.AgentOf(e.Source)
 	}
-	members := attribution{d: d, sandbox: sb.Name, gateway: s.net.Gateway, leases: cfg.LeaseDir(sb.Name), dockers: s.net.DockerRange()}.member
-	// A pool of its own: sandboxes must not learn each other's names
-	// through PTR queries or the order of addresses.
-	pool, err := dnsgate.NewPool(cfg.FakeIPPool)
+	d.mets.Observe(s.journal.Add(e))
+}
+
+// startGate starts a sandbox's DNS gate on a fake-IP pool of its own:
+// sandboxes must not learn each other's names through PTR queries or the
+// order of addresses.
+func (d *Daemon) startGate(s *sandbox, guard *dnsgate.Guard, members func(netip.Addr) string) (*dnsgate.Pool, error) {
+	pool, err := dnsgate.NewPool(d.cfg.FakeIPPool)
 	if err != nil {
 		return nil, err
 	}
 	gate, err := dnsgate.New(dnsgate.Config{
-		Sandbox:    sb.Name,
+		Sandbox:    s.cfg.Name,
 		Listen:     netip.AddrPortFrom(s.net.Gateway, 53),
 		Clients:    s.net.Subnet,
 		Policy:     s.policy,
@@ -320,9 +348,9 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		Upstream:   d.upstream,
 		Guard:      guard,
 		Members:    members,
-		OnEvent:    func(e dnsgate.Event) { record(dnsEntry(e)) },
-		Logger:     log,
-		LogAllowed: cfg.LogAllowed,
+		OnEvent:    func(e dnsgate.Event) { d.record(s, dnsEntry(e)) },
+		Logger:     d.log,
+		LogAllowed: d.cfg.LogAllowed,
 	})
 	if err != nil {
 		return nil, err
@@ -331,18 +359,26 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		return nil, err
 	}
 	s.closers = append(s.closers, gate.Close)
+	return pool, nil
+}
+
+// startProxy starts a sandbox's approvals broker, CA and proxy, within
+// the limits.
+func (d *Daemon) startProxy(s *sandbox, pool *dnsgate.Pool, guard *dnsgate.Guard, members func(netip.Addr) string) error {
+	sb, cfg, log := s.cfg, d.cfg, d.log
 	limits := d.limits()
+	var err error
 	s.broker, err = policy.NewBroker(policy.BrokerConfig{Sandbox: s.policy, Logger: log,
 		MaxHeldPerMember: limits.MemberHeld, MaxHeldPerSandbox: limits.SandboxHeld, OnEvent: func(e policy.BrokerEvent) {
 			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
 				"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting)
-			record(approvalEntry(e))
+			d.record(s, approvalEntry(e))
 		}})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if s.ca, err = tproxy.LoadOrCreateCA(filepath.Join(cfg.StateDir, "ca", sb.Name), sb.Name); err != nil {
-		return nil, err
+		return err
 	}
 	s.proxy, err = tproxy.New(tproxy.Config{
 		Sandbox:            sb.Name,
@@ -353,8 +389,8 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		IsLocal:            d.local.Contains,
 		Resolve:            dnsgate.NewResolver(d.upstream, guard, nil).LookupA,
 		Members:            members,
-		OnRecord:           func(r tproxy.Record) { record(connEntry(r)) },
-		OnRequest:          func(r tproxy.RequestRecord) { record(requestEntry(r)) },
+		OnRecord:           func(r tproxy.Record) { d.record(s, connEntry(r)) },
+		OnRequest:          func(r tproxy.RequestRecord) { d.record(s, requestEntry(r)) },
 		CA:                 s.ca,
 		UpstreamRoots:      d.roots,
 		InspectAll:         s.policy.InspectAll,
@@ -367,13 +403,18 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		ApprovalURL:        APIURL(cfg.APIListen),
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err = s.proxy.Start(); err != nil {
-		return nil, err
+		return err
 	}
 	s.closers = append(s.closers, s.proxy.Close)
-	labels := prometheus.Labels{"sandbox": sb.Name}
+	return nil
+}
+
+// registerGauges exports a sandbox's gauges until it stops.
+func (d *Daemon) registerGauges(s *sandbox) {
+	labels := prometheus.Labels{"sandbox": s.cfg.Name}
 	s.gauges = []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "airlock_pending_approvals", Help: "Approvals waiting for a person.", ConstLabels: labels},
 			func() float64 { return float64(len(s.broker.List())) }),
@@ -391,9 +432,6 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		}
 		return nil
 	})
-	log.Info("sandbox ready", "sandbox", sb.Name, "bridge", s.net.Bridge, "subnet", s.net.Subnet.String(),
-		"gate", s.net.Gateway.String()+":53", "policy", sb.Policy, "rules", len(s.policy.Rules()))
-	return s, nil
 }
 
 // CreateSandbox starts a new sandbox and remembers it across restarts. It
