@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testworld"
 )
 
 // TestRunHidesDaemonState checks what an `airlock run` member, here uid 0
@@ -158,5 +161,35 @@ func TestRunCannotRewriteTheConfig(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "evil.yaml")); err == nil {
 		t.Errorf("a member wrote beside the config file")
+	}
+}
+
+// TestLimitsKeepSandboxesApart: a member of one sandbox that opens far more
+// connections than its limit gets exactly its limit, and a member of
+// another sandbox is served all the while.
+func TestLimitsKeepSandboxesApart(t *testing.T) {
+	w := testworld.New(t)
+	polA, polB := filepath.Join(w.Dir, "a.yaml"), filepath.Join(w.Dir, "b.yaml")
+	write(t, polA, "sandbox:\n  unknown_action: deny\n  network_allowlist:\n    user:\n      - pattern: \"ssh.test:22\"\n")
+	write(t, polB, "sandbox:\n  unknown_action: deny\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
+	cfg := filepath.Join(w.Dir, "airlockd.yaml")
+	write(t, cfg, fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nlimits:\n  member_connections: 3\n  sandbox_connections: 5\nsandboxes:\n"+
+		"  - name: lima\n    subnet: 10.88.0.0/24\n    policy: %[3]s\n  - name: limb\n    subnet: 10.88.1.0/24\n    policy: %[4]s\n", w.Dir, testworld.DNSAddr, polA, polB))
+	d := w.StartDaemon(cfg)
+	holder := w.Start(cfg, "lima", "hog", 40*time.Second, os.Args[0], "-test.run=^TestMemberHelper$", "--", "holdmany", "ssh.test:22", "20", "4")
+	// Once the hog holds what it may, the other sandbox is still served.
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(d.Log.String(), "connection refused: limit reached"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the hog was never refused:\n%s", d.Log.String())
+		}
+	}
+	if r := w.Run(cfg, "limb", "agent", 20*time.Second, "curl", "-sS", "-m", "10", "http://allowed.test/"); r.Stdout != "internet" {
+		t.Errorf("the other sandbox while one is at its limit: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := holder(); !strings.Contains(r.Stdout, "held 3 refused 17") {
+		t.Errorf("the hog: %q %q; want exactly its limit of 3 held", r.Stdout, r.Stderr)
+	}
+	if n := strings.Count(d.Log.String(), "connection refused: limit reached"); n != 1 {
+		t.Errorf("%d log lines for 17 refusals, want 1 per interval", n)
 	}
 }

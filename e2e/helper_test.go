@@ -214,6 +214,34 @@ func TestMemberHelper(t *testing.T) {
 		c.Write(junk)
 		n, err := io.Copy(io.Discard, c)
 		fmt.Printf("closed after reading %d bytes: %v\n", n, err)
+	case "holdmany":
+		// holdmany ADDR N SECS: N connections to a server that speaks
+		// first, each counted held once its banner arrives, refused
+		// otherwise; prints "held H refused R", then holds them SECS.
+		n, _ := strconv.Atoi(args[2])
+		secs, _ := strconv.Atoi(args[3])
+		var conns []net.Conn
+		refused := 0
+		for range n {
+			c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
+			if err != nil {
+				refused++
+				continue
+			}
+			c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+				refused++
+				c.Close()
+				continue
+			}
+			conns = append(conns, c)
+		}
+		fmt.Printf("held %d refused %d\n", len(conns), refused)
+		os.Stdout.Sync()
+		time.Sleep(time.Duration(secs) * time.Second)
+		for _, c := range conns {
+			c.Close()
+		}
 	case "hold":
 		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
 		if err != nil {
