@@ -14,6 +14,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/airlockhq/airlock/internal/transparent"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -57,6 +58,11 @@ type Config struct {
 	// Listen is the address the gate binds for UDP and TCP, normally the
 	// sandbox bridge's address and port 53. Required.
 	Listen netip.AddrPort
+	// Transparent binds with IP_TRANSPARENT, so that the gate takes the
+	// queries airlock's tproxy rules hand it whatever address they were
+	// sent to, and answers each from that address (airlockd sets it; it
+	// needs CAP_NET_ADMIN).
+	Transparent bool
 	// Clients is the range queries may come from (the sandbox subnet);
 	// others are refused. Zero means any.
 	Clients netip.Prefix
@@ -134,21 +140,21 @@ func (g *Gate) Start() error {
 		return errors.New("dnsgate: closed")
 	}
 	addr := g.cfg.Listen.String()
-	pc, err := net.ListenPacket("udp4", addr)
+	pc, err := transparent.ListenPacket("udp4", g.cfg.Listen, g.cfg.Transparent)
 	if err != nil {
 		return listenError("udp", g.cfg.Listen, err)
 	}
 	// With port 0 (tests), TCP takes the port UDP got.
 	addr = pc.LocalAddr().String()
 	g.addr = pc.LocalAddr().(*net.UDPAddr).AddrPort()
-	ln, err := net.Listen("tcp4", addr)
+	ln, err := transparent.Listen("tcp4", g.addr, g.cfg.Transparent)
 	if err != nil {
 		pc.Close()
 		return listenError("tcp", g.cfg.Listen, err)
 	}
 	tcp := &dns.Server{Listener: ln, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
 	g.servers = []*dns.Server{tcp}
-	if g.cfg.Listen.Addr().IsUnspecified() {
+	if g.cfg.Listen.Addr().IsUnspecified() && !g.cfg.Transparent {
 		// Bound to every address: replies must leave from the one each
 		// query came to, which miekg/dns's server arranges per datagram.
 		g.servers = append(g.servers, &dns.Server{PacketConn: pc, Handler: g, UDPSize: udpReadSize})

@@ -4,10 +4,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/miekg/dns"
 	"golang.org/x/net/ipv4"
+
+	"github.com/airlockhq/airlock/internal/transparent"
 )
 
 // udpReadSize is the largest query read; a longer one is cut there and
@@ -34,16 +37,27 @@ const udpReplySize = 512
 // recvmmsg and one sendmmsg for many queries instead of a recvmsg and a
 // sendmsg each. Which datagrams get a reply follows miekg/dns's server
 // exactly: see replyTo. Start runs several of these on one socket.
+//
+// On a transparent gate each datagram's destination is read from its
+// IP_PKTINFO, and its reply leaves from that address: a member that asked
+// 203.0.113.53 is answered by 203.0.113.53.
 func (g *Gate) serveUDP(pc *net.UDPConn) {
 	bc := ipv4.NewPacketConn(pc)
+	tp := g.cfg.Transparent
 	in := make([]ipv4.Message, udpBatch)
 	bufs := make([]byte, udpBatch*udpReadSize)
 	for i := range in {
 		in[i].Buffers = [][]byte{bufs[i*udpReadSize : (i+1)*udpReadSize : (i+1)*udpReadSize]}
+		if tp {
+			in[i].OOB = make([]byte, transparent.OOBSize)
+		}
 	}
 	out := &udpReplies{pc: pc, bc: bc, msgs: make([]ipv4.Message, 0, udpBatch)}
 	for i := range out.bufs {
 		out.bufs[i] = make([]byte, udpReplySize)
+		if tp {
+			out.oobs[i] = make([]byte, transparent.OOBSize)
+		}
 	}
 	for {
 		// The socket does not block (the runtime's poller waits for it), so
@@ -69,7 +83,13 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 			if !ok || from == nil {
 				continue
 			}
-			out.to = from
+			out.to, out.src = from, netip.Addr{}
+			if tp {
+				// Without its destination a reply could not leave from it.
+				if out.src, ok = transparent.Dst(m.OOB[:m.NN]); !ok {
+					continue
+				}
+			}
 			req := replyTo(out, m.Buffers[0][:min(m.N, udpReadSize)])
 			if req == nil {
 				continue
@@ -78,7 +98,7 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 				switch req.Question[0].Qtype {
 				case dns.TypeA, dns.TypeAAAA, dns.TypeHTTPS, dns.TypeSVCB:
 				default:
-					w := &udpWriter{pc: pc, to: from}
+					w := &udpWriter{pc: pc, to: from, src: out.src}
 					g.wg.Go(func() { g.ServeDNS(w, req) })
 					continue
 				}
@@ -142,8 +162,10 @@ type udpReplies struct {
 	pc   *net.UDPConn
 	bc   *ipv4.PacketConn
 	to   *net.UDPAddr // the sender of the query being answered
+	src  netip.Addr   // on a transparent gate, where that query was sent
 	msgs []ipv4.Message
 	bufs [udpBatch][]byte // msgs[i] is packed into bufs[i] when it fits
+	oobs [udpBatch][]byte // msgs[i]'s source, on a transparent gate
 }
 
 func (w *udpReplies) LocalAddr() net.Addr  { return w.pc.LocalAddr() }
@@ -192,7 +214,11 @@ func (w *udpReplies) slot() ([]byte, error) {
 
 // queue adds reply b, to the sender of the query being answered.
 func (w *udpReplies) queue(b []byte) {
-	w.msgs = append(w.msgs, ipv4.Message{Buffers: [][]byte{b}, Addr: w.to})
+	m := ipv4.Message{Buffers: [][]byte{b}, Addr: w.to}
+	if w.src.IsValid() {
+		m.OOB = transparent.PutSrc(w.oobs[len(w.msgs)], w.src)
+	}
+	w.msgs = append(w.msgs, m)
 }
 
 // flush sends the queued replies and empties the queue. A reply the kernel
@@ -224,8 +250,9 @@ func (w *udpReplies) Hijack()             {}
 // udpWriter is the dns.ResponseWriter of one UDP query answered on its
 // own: its reply is written at once.
 type udpWriter struct {
-	pc *net.UDPConn
-	to *net.UDPAddr
+	pc  *net.UDPConn
+	to  *net.UDPAddr
+	src netip.Addr // on a transparent gate, where the query was sent
 }
 
 func (w *udpWriter) LocalAddr() net.Addr  { return w.pc.LocalAddr() }
@@ -240,8 +267,14 @@ func (w *udpWriter) WriteMsg(m *dns.Msg) error {
 	return err
 }
 
-func (w *udpWriter) Write(b []byte) (int, error) { return w.pc.WriteToUDP(b, w.to) }
-func (w *udpWriter) Close() error                { return nil }
-func (w *udpWriter) TsigStatus() error           { return nil }
-func (w *udpWriter) TsigTimersOnly(bool)         {}
-func (w *udpWriter) Hijack()                     {}
+func (w *udpWriter) Write(b []byte) (int, error) {
+	if !w.src.IsValid() {
+		return w.pc.WriteToUDP(b, w.to)
+	}
+	n, _, err := w.pc.WriteMsgUDP(b, transparent.PutSrc(make([]byte, transparent.OOBSize), w.src), w.to)
+	return n, err
+}
+func (w *udpWriter) Close() error        { return nil }
+func (w *udpWriter) TsigStatus() error   { return nil }
+func (w *udpWriter) TsigTimersOnly(bool) {}
+func (w *udpWriter) Hijack()             {}

@@ -9,9 +9,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // maxLinkName is the longest Linux interface name (IFNAMSIZ less the NUL).
@@ -36,11 +36,14 @@ func linkName(prefix, name string) string {
 	return prefix + name[:keep] + h
 }
 
-// Network is a sandbox network: its bridge and subnet.
+// Network is a sandbox network: its bridge and subnet, and the divert pair
+// its members' diverted packets go through (sink_linux.go).
 type Network struct {
 	Bridge  string
 	Subnet  netip.Prefix // masked
 	Gateway netip.Addr   // the bridge's address: the subnet's first host
+	Divert  string       // the end of the divert pair the bridge's netdev rule writes to
+	Sink    string       // the end where diverted packets arrive, for tproxy
 }
 
 // NewNetwork returns the network of sandbox on subnet, which must be IPv4
@@ -55,13 +58,24 @@ func NewNetwork(sandbox string, subnet netip.Prefix) (Network, error) {
 	if subnet.Masked() != subnet {
 		return Network{}, fmt.Errorf("sandbox %s: subnet %s has host bits set; did you mean %s?", sandbox, subnet, subnet.Masked())
 	}
-	return Network{Bridge: BridgeName(sandbox), Subnet: subnet, Gateway: subnet.Addr().Next()}, nil
+	br := BridgeName(sandbox)
+	return Network{Bridge: br, Subnet: subnet, Gateway: subnet.Addr().Next(), Divert: DivertName(br), Sink: SinkName(br)}, nil
 }
 
-// Ensure creates the bridge, or repairs what a crash or an older version
-// left: it is a bridge, it has exactly the gateway address, IPv6 is off on
-// it, reverse-path filtering is strict, and it is up.
-func (n Network) Ensure(h *netlink.Handle) error {
+// Ensure creates the bridge and its divert pair, or repairs what a crash
+// or an older version left: it is a bridge with a fixed MAC address, it
+// has exactly the gateway address, IPv6 is off on it, reverse-path
+// filtering is strict, and it is up; the divert pair is as ensureSink
+// leaves it. It returns the divert end's interface index, which the
+// bridge's netdev rule (tproxy.EnsureDivert) writes to.
+func (n Network) Ensure(h *netlink.Handle) (divertIndex int, err error) {
+	if err := n.ensureBridge(h); err != nil {
+		return 0, err
+	}
+	return n.ensureSink(h, bridgeMAC(n.Bridge))
+}
+
+func (n Network) ensureBridge(h *netlink.Handle) error {
 	link, err := h.LinkByName(n.Bridge)
 	var notFound netlink.LinkNotFoundError
 	switch {
@@ -87,6 +101,11 @@ func (n Network) Ensure(h *netlink.Handle) error {
 	if err := writeSysctl(filepath.Join("/proc/sys/net/ipv4/conf", n.Bridge, "rp_filter"), "1"); err != nil {
 		return fmt.Errorf("set rp_filter on %s: %w", n.Bridge, err)
 	}
+	if mac := bridgeMAC(n.Bridge); link.Attrs().HardwareAddr.String() != mac.String() {
+		if err := h.LinkSetHardwareAddr(link, mac); err != nil {
+			return fmt.Errorf("set address %s on %s: %w", mac, n.Bridge, err)
+		}
+	}
 	want := &netlink.Addr{IPNet: &net.IPNet{IP: n.Gateway.AsSlice(), Mask: net.CIDRMask(n.Subnet.Bits(), 32)}}
 	addrs, err := h.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
@@ -108,26 +127,18 @@ func (n Network) Ensure(h *netlink.Handle) error {
 	return nil
 }
 
-// Delete removes the bridge; a missing one is not an error. Members'
-// veths attached to it go with it.
-func (n Network) Delete(h *netlink.Handle) error {
-	return DeleteBridge(h, n.Bridge)
-}
-
-// DeleteBridge removes a bridge by name; a missing one is not an error.
+// DeleteBridge removes a sandbox bridge by name, and then its divert pair;
+// missing ones are not an error. Members' veths attached to the bridge go
+// with it.
 func DeleteBridge(h *netlink.Handle, name string) error {
-	link, err := h.LinkByName(name)
-	var notFound netlink.LinkNotFoundError
-	if errors.As(err, &notFound) {
+	if err := deleteLink(h, name); err != nil {
+		return fmt.Errorf("bridge: %w", err)
+	}
+	if !strings.HasPrefix(name, BridgePrefix) {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("find bridge %s: %w", name, err)
-	}
-	if err := h.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("delete bridge %s: %w", name, err)
-	}
-	return nil
+	// Deleting one end of a veth pair deletes both.
+	return deleteLink(h, DivertName(name))
 }
 
 // LookupNetwork reads a sandbox's network off its bridge: the subnet and
@@ -145,7 +156,8 @@ func LookupNetwork(h *netlink.Handle, sandbox string) (Network, error) {
 	}
 	gw, _ := netip.AddrFromSlice(addrs[0].IP.To4())
 	bits, _ := addrs[0].Mask.Size()
-	return Network{Bridge: name, Subnet: netip.PrefixFrom(gw, bits).Masked(), Gateway: gw}, nil
+	return Network{Bridge: name, Subnet: netip.PrefixFrom(gw, bits).Masked(), Gateway: gw,
+		Divert: DivertName(name), Sink: SinkName(name)}, nil
 }
 
 func writeSysctl(path, value string) error {

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/internal/transparent"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -88,8 +89,13 @@ type Config struct {
 	// DrainTimeout is how long Close lets open connections finish. Default
 	// 5 s; negative means none: Close closes them at once.
 	DrainTimeout time.Duration
+	// Transparent binds the listener with IP_TRANSPARENT, so that it takes
+	// the connections airlock's tproxy rules hand it (airlockd sets it; it
+	// needs CAP_NET_ADMIN). A connection to the listen address itself is
+	// then one to the host, and is refused like any.
+	Transparent bool
 	// OrigDst finds a connection's original destination; nil means
-	// OriginalDst (SO_ORIGINAL_DST). Tests replace it.
+	// LocalDst, the accepted socket's own address. Tests replace it.
 	OrigDst func(*net.TCPConn) (netip.AddrPort, error)
 	// CA mints the certificates of intercepted hosts; nil means TLS to
 	// hosts that need interception is refused.
@@ -188,7 +194,7 @@ func New(cfg Config) (*Proxy, error) {
 	def(&cfg.IdleTimeout, 10*time.Minute)
 	def(&cfg.DrainTimeout, 5*time.Second)
 	if cfg.OrigDst == nil {
-		cfg.OrigDst = OriginalDst
+		cfg.OrigDst = LocalDst
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -204,7 +210,7 @@ func New(cfg Config) (*Proxy, error) {
 
 // Start binds the listen address and serves until Close.
 func (p *Proxy) Start() error {
-	ln, err := net.Listen("tcp4", p.cfg.Listen.String())
+	ln, err := transparent.Listen("tcp4", p.cfg.Listen, p.cfg.Transparent)
 	if err != nil {
 		return fmt.Errorf("proxy listener %s: %w", p.cfg.Listen, err)
 	}

@@ -64,24 +64,46 @@ func TestRuleSetGoldenSeesAChange(t *testing.T) {
 	if c := renderRuleSet(t, cfg); c == a || !strings.Contains(c, ":15002") {
 		t.Errorf("another proxy port renders the same rule set:\n%s", c)
 	}
+	cfg = testConfig()
+	cfg.Mark = 0x4000
+	if c := renderRuleSet(t, cfg); c == a {
+		t.Errorf("another mark renders the same rule set:\n%s", c)
+	}
 }
 
-// renderRuleSet builds cfg's rule set on a recording connection, then reads
-// its chains and rules back through google/nftables' own parsers and
-// renders them.
+// renderRuleSet builds cfg's rule set, and each sandbox's divert rule
+// (divert end at interface index 100, 101, …), on a recording connection,
+// then reads the chains and rules back through google/nftables' own
+// parsers and renders them, the inet table first, then the netdev one.
 func renderRuleSet(t *testing.T, cfg RulesConfig) string {
 	t.Helper()
 	c, msgs := record(t)
 	if err := EnsureRules(c, cfg); err != nil {
 		t.Fatal(err)
 	}
-	var chainMsgs, ruleMsgs []netlink.Message
+	for i, s := range cfg.Sandboxes {
+		if err := EnsureDivert(c, DivertNet{Bridge: s.Bridge, Subnet: s.Subnet, Gateway: s.Gateway, DivertIndex: 100 + i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type family struct {
+		fam           nftables.TableFamily
+		name          string
+		chains, rules []netlink.Message
+	}
+	fams := []*family{{fam: nftables.TableFamilyINet, name: "inet"}, {fam: nftables.TableFamilyNetdev, name: "netdev"}}
 	for _, m := range *msgs {
-		switch int(m.Header.Type) & 0xff {
-		case unix.NFT_MSG_NEWCHAIN:
-			chainMsgs = append(chainMsgs, m)
-		case unix.NFT_MSG_NEWRULE:
-			ruleMsgs = append(ruleMsgs, m)
+		// nfgenmsg starts with the family.
+		for _, f := range fams {
+			if len(m.Data) == 0 || nftables.TableFamily(m.Data[0]) != f.fam {
+				continue
+			}
+			switch int(m.Header.Type) & 0xff {
+			case unix.NFT_MSG_NEWCHAIN:
+				f.chains = append(f.chains, m)
+			case unix.NFT_MSG_NEWRULE:
+				f.rules = append(f.rules, m)
+			}
 		}
 	}
 	// A connection whose "kernel" answers every dump with what the Flush
@@ -100,49 +122,149 @@ func renderRuleSet(t *testing.T, cfg RulesConfig) string {
 		}
 		return rc
 	}
-	chains, err := replay(chainMsgs).ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		t.Fatalf("parse chains: %v", err)
-	}
-	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
-	rules, err := replay(ruleMsgs).GetRules(table, &nftables.Chain{Name: "any"})
-	if err != nil {
-		t.Fatalf("parse rules: %v", err)
-	}
-	byChain := map[string][]*nftables.Rule{}
-	for _, r := range rules {
-		byChain[r.Chain.Name] = append(byChain[r.Chain.Name], r)
-	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "table inet %s {\n", TableName)
-	for _, ch := range chains {
-		fmt.Fprintf(&b, "\tchain %s {\n", ch.Name)
-		if ch.Hooknum != nil {
-			policy := "accept"
-			if ch.Policy != nil && *ch.Policy == nftables.ChainPolicyDrop {
-				policy = "drop"
+	for _, f := range fams {
+		chains, err := replay(f.chains).ListChainsOfTableFamily(f.fam)
+		if err != nil {
+			t.Fatalf("parse %s chains: %v", f.name, err)
+		}
+		table := &nftables.Table{Family: f.fam, Name: TableName}
+		rules, err := replay(f.rules).GetRules(table, &nftables.Chain{Name: "any"})
+		if err != nil {
+			t.Fatalf("parse %s rules: %v", f.name, err)
+		}
+		if len(rules) != len(f.rules) {
+			t.Fatalf("%s: %d rules sent, %d parsed", f.name, len(f.rules), len(rules))
+		}
+		byChain := map[string][]string{}
+		for i, r := range rules {
+			byChain[r.Chain.Name] = append(byChain[r.Chain.Name], renderExprs(withUnparsed(t, f.rules[i], r.Exprs)))
+		}
+		devices := map[string]string{}
+		for _, m := range f.chains {
+			name, dev := chainDevice(t, m)
+			devices[name] = dev
+		}
+		fmt.Fprintf(&b, "table %s %s {\n", f.name, TableName)
+		for _, ch := range chains {
+			fmt.Fprintf(&b, "\tchain %s {\n", ch.Name)
+			if ch.Hooknum != nil {
+				policy := "accept"
+				if ch.Policy != nil && *ch.Policy == nftables.ChainPolicyDrop {
+					policy = "drop"
+				}
+				dev := ""
+				if d := devices[ch.Name]; d != "" {
+					dev = fmt.Sprintf(" device %q", d)
+				}
+				fmt.Fprintf(&b, "\t\ttype %s hook %s%s priority %d; policy %s;\n", ch.Type, hookName(f.fam, *ch.Hooknum), dev, *ch.Priority, policy)
 			}
-			fmt.Fprintf(&b, "\t\ttype %s hook %s priority %d; policy %s;\n", ch.Type, hookName(*ch.Hooknum), *ch.Priority, policy)
+			for _, r := range byChain[ch.Name] {
+				fmt.Fprintf(&b, "\t\t%s\n", r)
+			}
+			b.WriteString("\t}\n")
+			delete(byChain, ch.Name)
 		}
-		for _, r := range byChain[ch.Name] {
-			fmt.Fprintf(&b, "\t\t%s\n", renderExprs(r.Exprs))
+		b.WriteString("}\n")
+		if len(byChain) > 0 {
+			var names []string
+			for n := range byChain {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			t.Errorf("%s rules in chains that were not created: %v", f.name, names)
 		}
-		b.WriteString("\t}\n")
-		delete(byChain, ch.Name)
-	}
-	b.WriteString("}\n")
-	if len(byChain) > 0 {
-		var names []string
-		for n := range byChain {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		t.Errorf("rules in chains that were not created: %v", names)
 	}
 	return b.String()
 }
 
-func hookName(h nftables.ChainHook) string {
+// withUnparsed puts back into a rule's parsed expressions those that
+// google/nftables v0.3.0 cannot parse and leaves out (tproxy, dup),
+// decoded from the rule's netlink message m itself.
+func withUnparsed(t *testing.T, m netlink.Message, parsed []expr.Any) []expr.Any {
+	t.Helper()
+	var out []expr.Any
+	for _, e := range attrsOf(t, m.Data[4:]) {
+		if e.Type != unix.NFTA_RULE_EXPRESSIONS {
+			continue
+		}
+		for _, elem := range attrsOf(t, e.Data) {
+			var name string
+			var data []byte
+			for _, a := range attrsOf(t, elem.Data) {
+				switch a.Type {
+				case unix.NFTA_EXPR_NAME:
+					name = strings.TrimRight(string(a.Data), "\x00")
+				case unix.NFTA_EXPR_DATA:
+					data = a.Data
+				}
+			}
+			u32 := map[uint16]uint32{}
+			switch name {
+			case "tproxy", "dup":
+				for _, a := range attrsOf(t, data) {
+					u32[a.Type] = binary.BigEndian.Uint32(a.Data)
+				}
+			}
+			switch name {
+			case "tproxy":
+				out = append(out, &expr.TProxy{Family: byte(u32[expr.NFTA_TPROXY_FAMILY]), RegAddr: u32[expr.NFTA_TPROXY_REG_ADDR], RegPort: u32[expr.NFTA_TPROXY_REG_PORT]})
+			case "dup":
+				_, dev := u32[unix.NFTA_DUP_SREG_DEV]
+				out = append(out, &expr.Dup{RegAddr: u32[unix.NFTA_DUP_SREG_ADDR], RegDev: u32[unix.NFTA_DUP_SREG_DEV], IsRegDevSet: dev})
+			default:
+				if len(parsed) == 0 {
+					t.Fatalf("expression %q sent but not parsed", name)
+				}
+				out, parsed = append(out, parsed[0]), parsed[1:]
+			}
+		}
+	}
+	if len(parsed) > 0 {
+		t.Fatalf("%d parsed expressions left over", len(parsed))
+	}
+	return out
+}
+
+// chainDevice returns the name of the chain in NEWCHAIN message m and the
+// device its hook is bound to, if any.
+func chainDevice(t *testing.T, m netlink.Message) (name, device string) {
+	t.Helper()
+	for _, a := range attrsOf(t, m.Data[4:]) {
+		switch a.Type {
+		case unix.NFTA_CHAIN_NAME:
+			name = strings.TrimRight(string(a.Data), "\x00")
+		case unix.NFTA_CHAIN_HOOK:
+			for _, h := range attrsOf(t, a.Data) {
+				if h.Type == unix.NFTA_HOOK_DEV {
+					device = strings.TrimRight(string(h.Data), "\x00")
+				}
+			}
+		}
+	}
+	return name, device
+}
+
+func attrsOf(t *testing.T, b []byte) []netlink.Attribute {
+	t.Helper()
+	as, err := netlink.UnmarshalAttributes(b)
+	if err != nil {
+		t.Fatalf("netlink attributes: %v", err)
+	}
+	for i := range as {
+		as[i].Type &^= unix.NLA_F_NESTED
+	}
+	return as
+}
+
+func hookName(fam nftables.TableFamily, h nftables.ChainHook) string {
+	if fam == nftables.TableFamilyNetdev {
+		switch h {
+		case *nftables.ChainHookIngress:
+			return "ingress"
+		}
+		return fmt.Sprintf("hook(%d)", h)
+	}
 	switch h {
 	case *nftables.ChainHookPrerouting:
 		return "prerouting"
@@ -185,6 +307,18 @@ func renderExprs(es []expr.Any) string {
 		case *expr.NAT:
 			typ := map[expr.NATType]string{expr.NATTypeDestNAT: "dnat", expr.NATTypeSourceNAT: "snat"}[e.Type]
 			parts = append(parts, fmt.Sprintf("%s family %d to r%d:r%d", typ, e.Family, e.RegAddrMin, e.RegProtoMin))
+		case *expr.TProxy:
+			parts = append(parts, fmt.Sprintf("tproxy family %d to r%d:r%d", e.Family, e.RegAddr, e.RegPort))
+		case *expr.Dup:
+			if !e.IsRegDevSet {
+				parts = append(parts, fmt.Sprintf("dup to address r%d", e.RegAddr))
+				break
+			}
+			parts = append(parts, fmt.Sprintf("dup to device r%d", e.RegDev))
+		case *expr.Notrack:
+			parts = append(parts, "notrack")
+		case *expr.Reject:
+			parts = append(parts, fmt.Sprintf("reject type %d code %d", e.Type, e.Code))
 		case *expr.Counter:
 			parts = append(parts, "counter")
 		case *expr.Verdict:
@@ -214,6 +348,8 @@ func metaName(k expr.MetaKey) string {
 		return "mark"
 	case expr.MetaKeyPKTTYPE:
 		return "pkttype"
+	case expr.MetaKeyPROTOCOL:
+		return "protocol"
 	}
 	return fmt.Sprintf("meta(%d)", k)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -20,6 +21,9 @@ type SandboxNet struct {
 	Bridge  string       // the sandbox bridge's link name
 	Subnet  netip.Prefix // the sandbox subnet
 	Gateway netip.Addr   // the bridge's address in Subnet: the gate and the proxy listen there
+	// Sink is the link where the bridge's diverted packets arrive
+	// (netns.Network.Sink); the tproxy rules work there.
+	Sink string
 }
 
 // RulesConfig describes the whole rule set.
@@ -28,11 +32,20 @@ type RulesConfig struct {
 	GatePort uint16
 	// ProxyPort is the proxy's port on each gateway. Required.
 	ProxyPort uint16
+	// Mark is the packet mark bit set on packets handed to a transparent
+	// socket; an ip rule looks them up in a table where every address is
+	// local (netns.DivertMark). Required: a single bit.
+	Mark      uint32
 	Sandboxes []SandboxNet
 	// MemberVethPrefix starts the host-side name of every member veth
 	// (netns.MemberVethPrefix). Required: a member veth seen outside its
 	// bridge is dropped.
 	MemberVethPrefix string
+	// DivertPrefix and SinkPrefix start the names of the two ends of every
+	// divert pair (netns.DivertPrefix, netns.SinkPrefix). Required: nothing
+	// may arrive on a divert end, nor on a sink that no sandbox here owns
+	// (a stale divert rule must not be a way out).
+	DivertPrefix, SinkPrefix string
 	// BridgePrefix, when set, starts the name of every sandbox bridge
 	// (netns.BridgePrefix). A bridge of that name that no sandbox here
 	// owns is dropped whole: one that Docker brings back for the network
@@ -40,15 +53,17 @@ type RulesConfig struct {
 	BridgePrefix string
 }
 
-// Why DNAT and not TPROXY: sandbox members sit on a Linux bridge (Docker's
-// bridge driver needs one, and members of a sandbox reach each other on it).
-// With br_netfilter loaded, which Docker always does, the IPv4 prerouting
-// hook runs from inside the bridge; the socket TPROXY assigns there is
-// orphaned by ip_rcv_core() and the connection is reset. DNAT to the
-// gateway is carried by conntrack instead and works on a bridge, and the
-// proxy reads the original destination with SO_ORIGINAL_DST. Like TPROXY,
-// it fails closed: with nothing listening, a connection is refused and
-// nothing leaves the host.
+// The datapath is TPROXY (docs/design.md §12). Docker loads br_netfilter,
+// which runs the IPv4 prerouting hook from inside the bridge, where a
+// socket tproxy assigns is orphaned before TCP sees the packet. So the
+// bridge pass (chain pre-BRIDGE) only checks sources, lets members reach
+// each other, and untracks what goes up (Docker's NAT must not rewrite it);
+// a netdev ingress rule on the bridge (EnsureDivert) then writes TCP and
+// UDP/53 frames into the sandbox's divert pair, and they arrive on its sink
+// as an ordinary receive, where chain tp-BRIDGE hands them to the gate's
+// and the proxy's transparent sockets. tproxy that finds no socket does
+// not drop: tp-BRIDGE ends in a reset and a drop, so with airlockd gone a
+// diverted packet finds nothing and leaves nothing.
 
 func (c *RulesConfig) validate() error {
 	if c.GatePort == 0 {
@@ -57,8 +72,13 @@ func (c *RulesConfig) validate() error {
 	if c.ProxyPort == 0 {
 		return errors.New("nftables rules: no proxy port")
 	}
-	if c.MemberVethPrefix == "" || len(c.MemberVethPrefix) >= unix.IFNAMSIZ {
-		return errors.New("nftables rules: no member veth prefix")
+	if c.Mark == 0 || c.Mark&(c.Mark-1) != 0 {
+		return fmt.Errorf("nftables rules: mark %#x is not a single bit", c.Mark)
+	}
+	for _, p := range []string{c.MemberVethPrefix, c.DivertPrefix, c.SinkPrefix} {
+		if p == "" || len(p) >= unix.IFNAMSIZ {
+			return errors.New("nftables rules: no member veth, divert or sink prefix")
+		}
 	}
 	if c.ProxyPort == c.GatePort {
 		return fmt.Errorf("nftables rules: proxy port %d is the DNS gate's port", c.ProxyPort)
@@ -68,25 +88,30 @@ func (c *RulesConfig) validate() error {
 		switch {
 		case s.Bridge == "" || len(s.Bridge) >= unix.IFNAMSIZ:
 			return fmt.Errorf("nftables rules: bridge name %q: want 1 to 15 bytes", s.Bridge)
-		case seen[s.Bridge]:
-			return fmt.Errorf("nftables rules: bridge %s twice", s.Bridge)
+		case s.Sink == "" || len(s.Sink) >= unix.IFNAMSIZ || !strings.HasPrefix(s.Sink, c.SinkPrefix):
+			return fmt.Errorf("nftables rules: bridge %s: sink name %q: want 1 to 15 bytes starting %q", s.Bridge, s.Sink, c.SinkPrefix)
+		case seen[s.Bridge] || seen[s.Sink]:
+			return fmt.Errorf("nftables rules: bridge %s or sink %s twice", s.Bridge, s.Sink)
 		case !s.Subnet.Addr().Is4() || !s.Subnet.Contains(s.Gateway):
 			return fmt.Errorf("nftables rules: bridge %s: gateway %s not in IPv4 subnet %s", s.Bridge, s.Gateway, s.Subnet)
 		}
-		seen[s.Bridge] = true
+		seen[s.Bridge], seen[s.Sink] = true, true
 	}
 	return nil
 }
 
-// EnsureRules replaces airlock's table with one built from cfg, in one
-// atomic batch: whatever an earlier run or a crash left is gone, and there
-// is no moment without rules. The table stays when airlockd stops, so
-// sandboxes fail closed until DeleteRules.
+// EnsureRules replaces airlock's inet table with one built from cfg, in
+// one atomic batch: whatever an earlier run or a crash left is gone, and
+// there is no moment without rules. The table stays when airlockd stops,
+// so sandboxes fail closed until DeleteRules. The netdev rules that divert
+// a bridge's packets come per bridge, once it exists: EnsureDivert. Until
+// then its TCP and DNS find the host's input and forward chains, which
+// drop them.
 func EnsureRules(conn *nftables.Conn, cfg RulesConfig) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+	t := inetTable()
 	// Add (a no-op if present), delete, add: replaces the table without an
 	// ENOENT for a missing one.
 	conn.AddTable(t)
@@ -100,20 +125,34 @@ func EnsureRules(conn *nftables.Conn, cfg RulesConfig) error {
 	return nil
 }
 
-// DeleteRules removes airlock's table. A missing table is not an error.
+func inetTable() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+}
+
+func netdevTable() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyNetdev, Name: TableName}
+}
+
+// DeleteRules removes airlock's tables (inet and netdev). Missing ones are
+// not an error.
 func DeleteRules(conn *nftables.Conn) error {
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
-	conn.AddTable(t)
-	conn.DelTable(t)
+	for _, t := range []*nftables.Table{netdevTable(), inetTable()} {
+		conn.AddTable(t)
+		conn.DelTable(t)
+	}
 	if err := conn.Flush(); err != nil {
 		return explainNftError(err)
 	}
 	return nil
 }
 
-// RulesPresent reports whether airlock's table exists.
+// RulesPresent reports whether airlock's inet table exists.
 func RulesPresent(conn *nftables.Conn) (bool, error) {
-	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	return tablePresent(conn, nftables.TableFamilyINet)
+}
+
+func tablePresent(conn *nftables.Conn, family nftables.TableFamily) (bool, error) {
+	tables, err := conn.ListTablesOfFamily(family)
 	if err != nil {
 		return false, explainNftError(err)
 	}
@@ -130,9 +169,11 @@ func explainNftError(err error) error {
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("nftables: permission denied; airlockd needs root (CAP_NET_ADMIN): %w", err)
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("nftables: the kernel lacks a feature airlock needs (nf_tables inet family, nat chains, ct, counter); check CONFIG_NF_TABLES_INET, CONFIG_NFT_NAT and CONFIG_NFT_CT: %w", err)
+		return fmt.Errorf("nftables: the kernel lacks a feature airlock needs (nf_tables inet and netdev families, tproxy, notrack, reject, dup, counter); check CONFIG_NF_TABLES_INET, CONFIG_NF_TABLES_NETDEV, CONFIG_NFT_TPROXY, CONFIG_NFT_CT, CONFIG_NFT_REJECT and CONFIG_NF_DUP_NETDEV: %w", err)
 	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EPROTONOSUPPORT):
-		return fmt.Errorf("nftables: operation not supported by this kernel (nat chains in the inet family need Linux ≥ 5.2): %w", err)
+		return fmt.Errorf("nftables: operation not supported by this kernel (tproxy in the inet family and reject in prerouting need Linux ≥ 5.x): %w", err)
+	case errors.Is(err, unix.ENODEV):
+		return fmt.Errorf("nftables: a sandbox bridge is gone while its divert rule was being added: %w", err)
 	}
 	return fmt.Errorf("nftables: %w", err)
 }
@@ -159,78 +200,170 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 	b.conn.AddRule(&nftables.Rule{Table: b.t, Chain: c, Exprs: e})
 }
 
-// build lays out the table. The base chains accept by default and only
-// jump for sandbox bridges, so the rest of the host is untouched:
+// build lays out the inet table. The base chains accept by default and
+// only jump for sandbox links, so the rest of the host is untouched:
 //
-//	prerouting (filter, mangle): from a bridge: IPv6 drop; source outside the
-//	  subnet, or the gateway's own, drop (spoofing); to another member of the subnet accept; UDP and
-//	  TCP to port 53 accept; TCP accept; everything else drop.
-//	dstnat (nat, before Docker's): from a bridge, not to a member: port 53
-//	  (UDP, TCP) → gateway:gate port; other TCP → gateway:proxy port.
-//	input (filter): from a bridge: only the gate and the proxy ports on the
-//	  gateway; all else drop.
+//	prerouting (filter, raw: before conntrack and Docker's NAT):
+//	  from a bridge (br_netfilter's pass, or the host's receive): IPv6
+//	  drop; source outside the subnet, or the gateway's own, drop
+//	  (spoofing); to another member of the subnet accept; TCP and UDP to
+//	  port 53 notrack, accept; everything else drop.
+//	  from a sink (diverted packets): notrack; the same source checks;
+//	  port 53 (UDP, TCP) tproxy to the gate, other TCP tproxy to the proxy,
+//	  each setting the mark; TCP left over (no socket) reset; the rest drop.
+//	input (filter): from a sink with the mark accept; from a bridge or a
+//	  sink anything else drop.
 //	forward (filter): bridge → same bridge accept (bridged frames under
 //	  br_netfilter); from or to a bridge drop.
-//	and last, in prerouting, input and forward: from (or to) a bridge named
-//	  like a sandbox's that no sandbox owns: drop.
+//	output (filter, raw): to a bridge notrack (the proxy's and the gate's
+//	  answers leave no conntrack entry).
+//	and in prerouting, input and forward: from (or to) a member veth, a
+//	  divert end, or a bridge or sink named like a sandbox's that no
+//	  sandbox owns: drop.
 func (b *builder) build(cfg RulesConfig) {
-	pre := b.chain("prerouting", nftables.ChainHookPrerouting, nftables.ChainPriorityMangle, nftables.ChainTypeFilter)
-	natPrio := nftables.ChainPriority(*nftables.ChainPriorityNATDest - 10)
-	nat := b.chain("dstnat", nftables.ChainHookPrerouting, &natPrio, nftables.ChainTypeNAT)
+	pre := b.chain("prerouting", nftables.ChainHookPrerouting, nftables.ChainPriorityRaw, nftables.ChainTypeFilter)
 	in := b.chain("input", nftables.ChainHookInput, nftables.ChainPriorityFilter, nftables.ChainTypeFilter)
 	fwd := b.chain("forward", nftables.ChainHookForward, nftables.ChainPriorityFilter, nftables.ChainTypeFilter)
+	out := b.chain("output", nftables.ChainHookOutput, nftables.ChainPriorityRaw, nftables.ChainTypeFilter)
 
 	// A member veth ("alr…") is only ever a port of a sandbox bridge, where
 	// the IP hooks see the bridge instead. Seen on its own, its bridge is
 	// gone: drop everything, or a host that forwards would route it out.
-	for _, c := range []*nftables.Chain{pre, in, fwd} {
-		b.rule(c, iifnamePrefix(cfg.MemberVethPrefix), counterDrop())
-	}
-	b.rule(fwd, oifnamePrefix(cfg.MemberVethPrefix), counterDrop())
-
-	for _, s := range cfg.Sandboxes {
-		br := s.Bridge
-		sPre := b.chain("pre-"+br, nil, nil, "")
-		sNat := b.chain("nat-"+br, nil, nil, "")
-		sIn := b.chain("in-"+br, nil, nil, "")
-		b.rule(pre, iifname(br), jump(sPre.Name))
-		b.rule(nat, iifname(br), jump(sNat.Name))
-		b.rule(in, iifname(br), jump(sIn.Name))
-
-		b.rule(sPre, nfproto(unix.NFPROTO_IPV6), counterDrop())
-		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, s.Subnet, expr.CmpOpNeq), counterDrop())
-		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, netip.PrefixFrom(s.Gateway, 32), expr.CmpOpEq), counterDrop())
-		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, s.Subnet, expr.CmpOpEq),
-			ip4Addr(offDaddr, netip.PrefixFrom(s.Gateway, 32), expr.CmpOpNeq), verdict(expr.VerdictAccept))
-		b.rule(sPre, l4proto(unix.IPPROTO_UDP), dport(53), verdict(expr.VerdictAccept))
-		b.rule(sPre, l4proto(unix.IPPROTO_TCP), verdict(expr.VerdictAccept))
-		b.rule(sPre, counterDrop())
-
-		b.rule(sNat, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, s.Subnet, expr.CmpOpEq),
-			ip4Addr(offDaddr, netip.PrefixFrom(s.Gateway, 32), expr.CmpOpNeq), verdict(expr.VerdictReturn))
-		b.rule(sNat, l4proto(unix.IPPROTO_UDP), dport(53), dnat(s.Gateway, cfg.GatePort))
-		b.rule(sNat, l4proto(unix.IPPROTO_TCP), dport(53), dnat(s.Gateway, cfg.GatePort))
-		b.rule(sNat, l4proto(unix.IPPROTO_TCP), dnat(s.Gateway, cfg.ProxyPort))
-
-		gw := netip.PrefixFrom(s.Gateway, 32)
-		b.rule(sIn, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, gw, expr.CmpOpEq), l4proto(unix.IPPROTO_UDP), dport(cfg.GatePort), verdict(expr.VerdictAccept))
-		b.rule(sIn, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, gw, expr.CmpOpEq), l4proto(unix.IPPROTO_TCP), dport(cfg.GatePort), verdict(expr.VerdictAccept))
-		b.rule(sIn, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, gw, expr.CmpOpEq), l4proto(unix.IPPROTO_TCP), dport(cfg.ProxyPort), verdict(expr.VerdictAccept))
-		b.rule(sIn, counterDrop())
-
-		b.rule(fwd, iifname(br), oifname(br), verdict(expr.VerdictAccept))
-		b.rule(fwd, iifname(br), counterDrop())
-		b.rule(fwd, oifname(br), counterDrop())
-	}
-	// Every sandbox's chains above end in a verdict, so only bridges no
-	// sandbox owns get here.
-	if p := cfg.BridgePrefix; p != "" {
+	// Nothing is ever received on a divert end.
+	for _, p := range []string{cfg.MemberVethPrefix, cfg.DivertPrefix} {
 		for _, c := range []*nftables.Chain{pre, in, fwd} {
 			b.rule(c, iifnamePrefix(p), counterDrop())
 		}
 		b.rule(fwd, oifnamePrefix(p), counterDrop())
 	}
+	b.rule(fwd, oifnamePrefix(cfg.SinkPrefix), counterDrop())
+
+	for _, s := range cfg.Sandboxes {
+		br, sink := s.Bridge, s.Sink
+		gw := netip.PrefixFrom(s.Gateway, 32)
+		sPre := b.chain("pre-"+br, nil, nil, "")
+		sTP := b.chain("tp-"+br, nil, nil, "")
+		b.rule(pre, iifname(br), jump(sPre.Name))
+		b.rule(pre, iifname(sink), jump(sTP.Name))
+
+		// The bridge pass.
+		b.rule(sPre, nfproto(unix.NFPROTO_IPV6), counterDrop())
+		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, s.Subnet, expr.CmpOpNeq), counterDrop())
+		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, gw, expr.CmpOpEq), counterDrop())
+		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, s.Subnet, expr.CmpOpEq),
+			ip4Addr(offDaddr, gw, expr.CmpOpNeq), verdict(expr.VerdictAccept))
+		b.rule(sPre, l4proto(unix.IPPROTO_TCP), notrack(), verdict(expr.VerdictAccept))
+		b.rule(sPre, l4proto(unix.IPPROTO_UDP), dport(53), notrack(), verdict(expr.VerdictAccept))
+		b.rule(sPre, counterDrop())
+
+		// The sink pass: the same source checks, as a host without
+		// br_netfilter never ran the bridge pass on these packets.
+		b.rule(sTP, notrack())
+		b.rule(sTP, nfproto(unix.NFPROTO_IPV6), counterDrop())
+		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, s.Subnet, expr.CmpOpNeq), counterDrop())
+		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, gw, expr.CmpOpEq), counterDrop())
+		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_UDP), dport(53), tproxyTo(s.Gateway, cfg.GatePort), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), dport(53), tproxyTo(s.Gateway, cfg.GatePort), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), tproxyTo(s.Gateway, cfg.ProxyPort), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		// tproxy that finds no socket (airlockd gone) does not drop.
+		b.rule(sTP, l4proto(unix.IPPROTO_TCP), counter(), rejectTCPReset())
+		b.rule(sTP, counterDrop())
+
+		b.rule(in, iifname(sink), markSet(cfg.Mark), verdict(expr.VerdictAccept))
+		b.rule(in, iifname(sink), counterDrop())
+		b.rule(in, iifname(br), counterDrop())
+
+		b.rule(fwd, iifname(br), oifname(br), verdict(expr.VerdictAccept))
+		b.rule(fwd, iifname(br), counterDrop())
+		b.rule(fwd, oifname(br), counterDrop())
+		b.rule(fwd, iifname(sink), counterDrop())
+
+		b.rule(out, oifname(br), notrack())
+	}
+	// Every sandbox's chains above end in a verdict, so only bridges and
+	// sinks no sandbox owns get here.
+	prefixes := []string{cfg.SinkPrefix}
+	if cfg.BridgePrefix != "" {
+		prefixes = append(prefixes, cfg.BridgePrefix)
+	}
+	for _, p := range prefixes {
+		for _, c := range []*nftables.Chain{pre, in, fwd} {
+			b.rule(c, iifnamePrefix(p), counterDrop())
+		}
+	}
+	if p := cfg.BridgePrefix; p != "" {
+		b.rule(fwd, oifnamePrefix(p), counterDrop())
+	}
 }
+
+// DivertNet is what a bridge's divert rule needs to know.
+type DivertNet struct {
+	Bridge  string
+	Subnet  netip.Prefix
+	Gateway netip.Addr
+	// DivertIndex is the interface index of the divert end of the
+	// bridge's pair (netns.Network.Ensure returns it). The rule holds the
+	// index, not the name: EnsureDivert again whenever the pair is made
+	// anew.
+	DivertIndex int
+}
+
+// EnsureDivert adds, or replaces, the netdev ingress chain of one bridge
+// in airlock's netdev table: IPv4 TCP and UDP to port 53 that the bridge
+// passes up to the host, except what goes to another member of the
+// subnet, is written into the divert pair and dropped on the bridge. The
+// bridge must exist. Without the chain, those packets reach the host's
+// input and forward chains, which drop them.
+func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
+	switch {
+	case d.Bridge == "" || len(d.Bridge) >= unix.IFNAMSIZ:
+		return fmt.Errorf("divert rule: bridge name %q: want 1 to 15 bytes", d.Bridge)
+	case !d.Subnet.Addr().Is4() || !d.Subnet.Contains(d.Gateway):
+		return fmt.Errorf("divert rule: bridge %s: gateway %s not in IPv4 subnet %s", d.Bridge, d.Gateway, d.Subnet)
+	case d.DivertIndex <= 0:
+		return fmt.Errorf("divert rule: bridge %s: no divert link", d.Bridge)
+	}
+	t := netdevTable()
+	conn.AddTable(t)
+	b := builder{conn: conn, t: t}
+	accept := nftables.ChainPolicyAccept
+	c := conn.AddChain(&nftables.Chain{Name: divertChain(d.Bridge), Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookIngress, Priority: nftables.ChainPriorityFilter, Device: d.Bridge, Policy: &accept})
+	conn.FlushChain(c)
+	gw := netip.PrefixFrom(d.Gateway, 32)
+	b.rule(c, etherIPv4(), ip4Addr(offDaddr, d.Subnet, expr.CmpOpEq), ip4Addr(offDaddr, gw, expr.CmpOpNeq), verdict(expr.VerdictAccept))
+	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_TCP), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
+	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_UDP), dport(53), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
+	if err := conn.Flush(); err != nil {
+		return explainNftError(err)
+	}
+	return nil
+}
+
+// DeleteDivert removes a bridge's netdev chain; a missing one is not an
+// error.
+func DeleteDivert(conn *nftables.Conn, bridge string) error {
+	present, err := tablePresent(conn, nftables.TableFamilyNetdev)
+	if err != nil || !present {
+		return err
+	}
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyNetdev)
+	if err != nil {
+		return explainNftError(err)
+	}
+	for _, c := range chains {
+		if c.Table.Name == TableName && c.Name == divertChain(bridge) {
+			conn.FlushChain(c)
+			conn.DelChain(c)
+			if err := conn.Flush(); err != nil {
+				return explainNftError(err)
+			}
+		}
+	}
+	return nil
+}
+
+func divertChain(bridge string) string { return "divert-" + bridge }
 
 // Offsets of the IPv4 source and destination addresses in the header.
 const (
@@ -302,13 +435,61 @@ func ip4Addr(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 	}
 }
 
-func dnat(addr netip.Addr, port uint16) []expr.Any {
+// tproxyTo hands the packet to the transparent socket on addr:port (the
+// established one of its connection first); with none it does not match.
+func tproxyTo(addr netip.Addr, port uint16) []expr.Any {
 	a := addr.As4()
 	return []expr.Any{
 		&expr.Immediate{Register: 1, Data: a[:]},
 		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(port)},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+		&expr.TProxy{Family: unix.NFPROTO_IPV4, TableFamily: unix.NFPROTO_INET, RegAddr: 1, RegPort: 2},
 	}
+}
+
+// setMark sets bit in the packet's mark, keeping the others.
+func setMark(bit uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(^bit), Xor: binaryutil.NativeEndian.PutUint32(bit)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+	}
+}
+
+// markSet matches packets whose mark has bit set.
+func markSet(bit uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(bit), Xor: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(bit)},
+	}
+}
+
+// etherIPv4 matches IPv4 frames (netdev family, where meta nfproto is
+// not set).
+func etherIPv4() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
+	}
+}
+
+// dupTo sends a copy of the frame out of interface index; google/nftables
+// has no fwd, and dup followed by drop is the same.
+func dupTo(index int) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(uint32(index))},
+		&expr.Dup{RegDev: 1, IsRegDevSet: true},
+	}
+}
+
+func notrack() []expr.Any { return []expr.Any{&expr.Notrack{}} }
+
+func counter() []expr.Any { return []expr.Any{&expr.Counter{}} }
+
+func rejectTCPReset() []expr.Any {
+	return []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}
 }
 
 func jump(chain string) []expr.Any {
@@ -323,18 +504,22 @@ func counterDrop() []expr.Any {
 
 // chainsOf returns the names of the chains built for bridge.
 func chainsOf(bridge string) []string {
-	return []string{"pre-" + bridge, "nat-" + bridge, "in-" + bridge}
+	return []string{"pre-" + bridge, "tp-" + bridge}
 }
 
 // DeleteSandboxRules removes one bridge's rules and chains from airlock's
-// table, leaving the other sandboxes' rules in place (airlock teardown NAME
-// while airlockd is stopped). A missing table or bridge is not an error.
-func DeleteSandboxRules(conn *nftables.Conn, bridge string) error {
+// tables, its divert chain and those naming it or its sink, leaving the
+// other sandboxes' rules in place (airlock teardown NAME while airlockd is
+// stopped). A missing table or bridge is not an error.
+func DeleteSandboxRules(conn *nftables.Conn, bridge, sink string) error {
+	if err := DeleteDivert(conn, bridge); err != nil {
+		return err
+	}
 	present, err := RulesPresent(conn)
 	if err != nil || !present {
 		return err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+	t := inetTable()
 	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return explainNftError(err)
@@ -352,7 +537,7 @@ func DeleteSandboxRules(conn *nftables.Conn, bridge string) error {
 			return explainNftError(err)
 		}
 		for _, r := range rules {
-			if mentions(r, bridge, own) {
+			if mentions(r, own, bridge, sink) {
 				if err := conn.DelRule(r); err != nil {
 					return explainNftError(err)
 				}
@@ -371,10 +556,9 @@ func DeleteSandboxRules(conn *nftables.Conn, bridge string) error {
 	return nil
 }
 
-// mentions reports whether a base-chain rule belongs to bridge: it jumps to
-// one of its chains or matches its name.
-func mentions(r *nftables.Rule, bridge string, own map[string]bool) bool {
-	name := ifnameBytes(bridge)
+// mentions reports whether a base-chain rule belongs to a sandbox: it
+// jumps to one of its chains (own) or matches one of its links by name.
+func mentions(r *nftables.Rule, own map[string]bool, links ...string) bool {
 	for _, e := range r.Exprs {
 		switch e := e.(type) {
 		case *expr.Verdict:
@@ -382,7 +566,7 @@ func mentions(r *nftables.Rule, bridge string, own map[string]bool) bool {
 				return true
 			}
 		case *expr.Cmp:
-			if len(e.Data) == len(name) && strings.TrimRight(string(e.Data), "\x00") == bridge {
+			if len(e.Data) == unix.IFNAMSIZ && slices.Contains(links, strings.TrimRight(string(e.Data), "\x00")) {
 				return true
 			}
 		}

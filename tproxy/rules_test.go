@@ -31,9 +31,9 @@ func record(t *testing.T) (*nftables.Conn, *[]netlink.Message) {
 }
 
 func testConfig() RulesConfig {
-	return RulesConfig{ProxyPort: 15001, MemberVethPrefix: "alr", Sandboxes: []SandboxNet{
-		{Bridge: "al-a", Subnet: netip.MustParsePrefix("10.88.0.0/24"), Gateway: netip.MustParseAddr("10.88.0.1")},
-		{Bridge: "al-b", Subnet: netip.MustParsePrefix("10.88.1.0/24"), Gateway: netip.MustParseAddr("10.88.1.1")},
+	return RulesConfig{ProxyPort: 15001, Mark: 0x2000, MemberVethPrefix: "alr", DivertPrefix: "ald", SinkPrefix: "als", Sandboxes: []SandboxNet{
+		{Bridge: "al-a", Sink: "alsa", Subnet: netip.MustParsePrefix("10.88.0.0/24"), Gateway: netip.MustParseAddr("10.88.0.1")},
+		{Bridge: "al-b", Sink: "alsb", Subnet: netip.MustParsePrefix("10.88.1.0/24"), Gateway: netip.MustParseAddr("10.88.1.1")},
 	}}
 }
 
@@ -48,7 +48,7 @@ func TestEnsureRulesReplacesTableAtomically(t *testing.T) {
 		typ := int(m.Header.Type) & 0xff
 		kinds = append(kinds, typ)
 		if typ == unix.NFT_MSG_NEWCHAIN {
-			for _, name := range []string{"prerouting", "dstnat", "input", "forward", "pre-al-a", "nat-al-a", "in-al-a", "pre-al-b"} {
+			for _, name := range []string{"prerouting", "input", "forward", "output", "pre-al-a", "tp-al-a", "pre-al-b", "tp-al-b"} {
 				if strings.Contains(string(m.Data), name+"\x00") {
 					chains[name] = true
 				}
@@ -68,8 +68,10 @@ func TestEnsureRulesReplacesTableAtomically(t *testing.T) {
 			rules++
 		}
 	}
-	// 4 orphan-veth drops + per sandbox: 3 jumps, 7 pre, 4 nat, 4 in, 3 forward.
-	if want := 4 + 2*(3+7+4+4+3); rules != want {
+	// Drops of member veths and divert ends (4 each), sinks routed out (1);
+	// per sandbox: 2 jumps, 7 pre, 9 tp, 3 input, 4 forward, 1 output; and
+	// drops of unowned sinks (3).
+	if want := 4 + 4 + 1 + 2*(2+7+9+3+4+1) + 3; rules != want {
 		t.Errorf("%d rules, want %d", rules, want)
 	}
 }
@@ -82,7 +84,14 @@ func TestRulesConfigValidation(t *testing.T) {
 	}{
 		{"no proxy port", func(c *RulesConfig) { c.ProxyPort = 0 }, "no proxy port"},
 		{"proxy on 53", func(c *RulesConfig) { c.ProxyPort = 53 }, "DNS gate's port"},
-		{"no veth prefix", func(c *RulesConfig) { c.MemberVethPrefix = "" }, "veth prefix"},
+		{"no veth prefix", func(c *RulesConfig) { c.MemberVethPrefix = "" }, "veth, divert or sink prefix"},
+		{"no divert prefix", func(c *RulesConfig) { c.DivertPrefix = "" }, "veth, divert or sink prefix"},
+		{"no sink prefix", func(c *RulesConfig) { c.SinkPrefix = "" }, "veth, divert or sink prefix"},
+		{"no mark", func(c *RulesConfig) { c.Mark = 0 }, "not a single bit"},
+		{"two mark bits", func(c *RulesConfig) { c.Mark = 0x3000 }, "not a single bit"},
+		{"no sink", func(c *RulesConfig) { c.Sandboxes[0].Sink = "" }, "sink name"},
+		{"sink without prefix", func(c *RulesConfig) { c.Sandboxes[0].Sink = "xyz" }, "sink name"},
+		{"sink twice", func(c *RulesConfig) { c.Sandboxes[1].Sink = "alsa" }, "twice"},
 		{"long bridge", func(c *RulesConfig) { c.Sandboxes[0].Bridge = "al-0123456789abc" }, "1 to 15"},
 		{"same bridge", func(c *RulesConfig) { c.Sandboxes[1].Bridge = "al-a" }, "twice"},
 		{"gateway outside", func(c *RulesConfig) { c.Sandboxes[0].Gateway = netip.MustParseAddr("10.99.0.1") }, "not in IPv4 subnet"},
@@ -100,5 +109,39 @@ func TestRulesConfigValidation(t *testing.T) {
 				t.Errorf("a refused config sent %d netlink messages", len(*msgs))
 			}
 		})
+	}
+}
+
+func TestEnsureDivertValidation(t *testing.T) {
+	good := DivertNet{Bridge: "al-a", Subnet: netip.MustParsePrefix("10.88.0.0/24"), Gateway: netip.MustParseAddr("10.88.0.1"), DivertIndex: 7}
+	tests := []struct {
+		name string
+		mod  func(*DivertNet)
+		want string
+	}{
+		{"no bridge", func(d *DivertNet) { d.Bridge = "" }, "1 to 15"},
+		{"long bridge", func(d *DivertNet) { d.Bridge = "al-0123456789abc" }, "1 to 15"},
+		{"gateway outside", func(d *DivertNet) { d.Gateway = netip.MustParseAddr("10.99.0.1") }, "not in IPv4 subnet"},
+		{"IPv6", func(d *DivertNet) {
+			d.Subnet, d.Gateway = netip.MustParsePrefix("fd00::/64"), netip.MustParseAddr("fd00::1")
+		}, "not in IPv4 subnet"},
+		{"no divert link", func(d *DivertNet) { d.DivertIndex = 0 }, "no divert link"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := good
+			tt.mod(&d)
+			c, msgs := record(t)
+			if err := EnsureDivert(c, d); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("EnsureDivert error = %v, want %q", err, tt.want)
+			}
+			if len(*msgs) != 0 {
+				t.Errorf("a refused divert sent %d netlink messages", len(*msgs))
+			}
+		})
+	}
+	c, msgs := record(t)
+	if err := EnsureDivert(c, good); err != nil || len(*msgs) == 0 {
+		t.Errorf("EnsureDivert(%+v) = %v with %d messages", good, err, len(*msgs))
 	}
 }

@@ -256,7 +256,8 @@ func cmdTeardown(args []string) int {
 	if err == nil {
 		var conn *nftables.Conn
 		if conn, err = nftables.New(); err == nil {
-			err = tproxy.DeleteSandboxRules(conn, netns.BridgeName(name))
+			br := netns.BridgeName(name)
+			err = tproxy.DeleteSandboxRules(conn, br, netns.SinkName(br))
 		}
 	}
 	if err == nil {

@@ -110,9 +110,6 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opt Option
 	if opt.Notify == nil {
 		opt.Notify = func(string) {}
 	}
-	if opt.Notify == nil {
-		opt.Notify = func(string) {}
-	}
 	d := &Daemon{ctx: ctx, cfg: cfg, log: log, cfgPath: opt.ConfigPath, cfgExplicit: opt.Explicit, notify: opt.Notify}
 	if err := d.init(); err != nil {
 		d.Close()
@@ -140,6 +137,9 @@ func (d *Daemon) init() error {
 	}
 	if d.conn, err = nftables.New(); err != nil {
 		return fmt.Errorf("nftables: %w", err)
+	}
+	if err := netns.EnsureDivertRouting(d.h); err != nil {
+		return err
 	}
 	if d.servers, err = dnsgate.ParseUpstreams(cfg.UpstreamDNS, "/etc/resolv.conf"); err != nil {
 		return err
@@ -227,7 +227,7 @@ func (d *Daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
 		if keep[b] {
 			continue
 		}
-		if err := netns.DeleteBridge(d.h, b); err != nil {
+		if err := d.removeNetwork(b); err != nil {
 			return fmt.Errorf("remove bridge %s of a sandbox no longer configured (its rules stay until it is gone): %w", b, err)
 		}
 		d.log.Info("removed the bridge of a sandbox no longer configured", "bridge", b)
@@ -236,15 +236,37 @@ func (d *Daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
 }
 
 func (d *Daemon) ensureRulesLocked(sbs []config.Sandbox) error {
-	rules := tproxy.RulesConfig{ProxyPort: d.cfg.ProxyPort, MemberVethPrefix: netns.MemberVethPrefix, BridgePrefix: netns.BridgePrefix}
+	rules := tproxy.RulesConfig{ProxyPort: d.cfg.ProxyPort, Mark: netns.DivertMark, MemberVethPrefix: netns.MemberVethPrefix,
+		DivertPrefix: netns.DivertPrefix, SinkPrefix: netns.SinkPrefix, BridgePrefix: netns.BridgePrefix}
 	for _, sb := range sbs {
 		n, err := netns.NewNetwork(sb.Name, sb.Subnet)
 		if err != nil {
 			return err
 		}
-		rules.Sandboxes = append(rules.Sandboxes, tproxy.SandboxNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway})
+		rules.Sandboxes = append(rules.Sandboxes, tproxy.SandboxNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, Sink: n.Sink})
 	}
 	return tproxy.EnsureRules(d.conn, rules)
+}
+
+// ensureNetwork builds a sandbox's bridge and divert pair, then the
+// netdev rule that diverts the bridge's packets into the pair; its rules
+// in airlock's inet table must be in place.
+func (d *Daemon) ensureNetwork(n netns.Network) error {
+	divert, err := n.Ensure(d.h)
+	if err != nil {
+		return err
+	}
+	return tproxy.EnsureDivert(d.conn, tproxy.DivertNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, DivertIndex: divert})
+}
+
+// removeNetwork removes a sandbox bridge's divert rule, then the bridge and
+// its divert pair. Either way round it stays caged: without the divert rule
+// the host's input and forward chains drop what the bridge passes up.
+func (d *Daemon) removeNetwork(bridge string) error {
+	if err := tproxy.DeleteDivert(d.conn, bridge); err != nil {
+		return err
+	}
+	return netns.DeleteBridge(d.h, bridge)
 }
 
 func (d *Daemon) runningConfigsLocked() []config.Sandbox {
@@ -297,7 +319,7 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 	if s.net, err = netns.NewNetwork(sb.Name, sb.Subnet); err != nil {
 		return err
 	}
-	if err = s.net.Ensure(d.h); err != nil {
+	if err = d.ensureNetwork(s.net); err != nil {
 		return err
 	}
 	// Before the file is read: an edit in between is then seen as a change.
@@ -340,17 +362,18 @@ func (d *Daemon) startGate(s *sandbox, guard *dnsgate.Guard, members func(netip.
 		return nil, err
 	}
 	gate, err := dnsgate.New(dnsgate.Config{
-		Sandbox:    s.cfg.Name,
-		Listen:     netip.AddrPortFrom(s.net.Gateway, 53),
-		Clients:    s.net.Subnet,
-		Policy:     s.policy,
-		Pool:       pool,
-		Upstream:   d.upstream,
-		Guard:      guard,
-		Members:    members,
-		OnEvent:    func(e dnsgate.Event) { d.record(s, dnsEntry(e)) },
-		Logger:     d.log,
-		LogAllowed: d.cfg.LogAllowed,
+		Sandbox:     s.cfg.Name,
+		Listen:      netip.AddrPortFrom(s.net.Gateway, 53),
+		Transparent: true,
+		Clients:     s.net.Subnet,
+		Policy:      s.policy,
+		Pool:        pool,
+		Upstream:    d.upstream,
+		Guard:       guard,
+		Members:     members,
+		OnEvent:     func(e dnsgate.Event) { d.record(s, dnsEntry(e)) },
+		Logger:      d.log,
+		LogAllowed:  d.cfg.LogAllowed,
 	})
 	if err != nil {
 		return nil, err
@@ -383,6 +406,7 @@ func (d *Daemon) startProxy(s *sandbox, pool *dnsgate.Pool, guard *dnsgate.Guard
 	s.proxy, err = tproxy.New(tproxy.Config{
 		Sandbox:            sb.Name,
 		Listen:             netip.AddrPortFrom(s.net.Gateway, cfg.ProxyPort),
+		Transparent:        true,
 		Policy:             s.policy,
 		Approvals:          s.broker,
 		Names:              pool,
@@ -468,7 +492,7 @@ func (d *Daemon) addSandboxLocked(sb config.Sandbox, fromAPI bool) (*sandbox, er
 	}
 	s, err := d.startSandboxLocked(sb, fromAPI)
 	if err != nil {
-		netns.DeleteBridge(d.h, netns.BridgeName(sb.Name))
+		d.removeNetwork(netns.BridgeName(sb.Name))
 		d.ensureRulesLocked(running)
 		return nil, err
 	}
@@ -513,7 +537,7 @@ func (d *Daemon) removeSandboxLocked(i int) error {
 		}
 	}
 	s.stop(d.log)
-	if err := netns.DeleteBridge(d.h, s.net.Bridge); err != nil {
+	if err := d.removeNetwork(s.net.Bridge); err != nil {
 		return err
 	}
 	d.sandboxes = slices.Delete(d.sandboxes, i, i+1)

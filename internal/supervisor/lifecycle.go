@@ -91,6 +91,9 @@ func Teardown(cfg *config.Config) error {
 	if err := tproxy.DeleteRules(conn); err != nil {
 		errs = append(errs, err)
 	}
+	if err := netns.DeleteDivertRouting(h); err != nil {
+		errs = append(errs, err)
+	}
 	if err := os.RemoveAll(filepath.Join(cfg.RunDir, "leases")); err != nil {
 		errs = append(errs, err)
 	}

@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/testworld"
+)
+
+// The datapath is TPROXY (docs/design.md §12): these tests show it as a
+// user would, with nft, conntrack and the sysctls of the host namespace.
+
+// brNetfilter returns the host namespace's bridge-nf-call-iptables, "" when
+// br_netfilter is not loaded.
+func brNetfilter(t *testing.T, w *testworld.World) string {
+	t.Helper()
+	out, err := w.HostExec("cat", "/proc/sys/net/bridge/bridge-nf-call-iptables")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(out)
+}
+
+func setBrNetfilter(t *testing.T, w *testworld.World, v string) {
+	t.Helper()
+	if out, err := w.HostExec("sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables="+v); err != nil {
+		t.Fatalf("sysctl bridge-nf-call-iptables=%s: %v %s", v, err, out)
+	}
+}
+
+// conntrackFrom returns the host namespace's conntrack entries whose
+// original source is in p, rendered.
+func conntrackFrom(t *testing.T, w *testworld.World, p netip.Prefix) []string {
+	t.Helper()
+	ns, err := vnetns.GetFromName(w.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		t.Fatalf("conntrack list: %v", err)
+	}
+	var out []string
+	for _, f := range flows {
+		if a, ok := netip.AddrFromSlice(f.Forward.SrcIP.To4()); ok && p.Contains(a) {
+			out = append(out, f.String())
+		}
+	}
+	return out
+}
+
+// ruleCounter returns the packet counter of the first rule in the host
+// namespace's chain (family table chain) whose text matches re.
+func ruleCounter(t *testing.T, w *testworld.World, family, chain string, re *regexp.Regexp) int {
+	t.Helper()
+	out, err := w.HostExec("nft", "list", "chain", family, "airlock", chain)
+	if err != nil {
+		t.Fatalf("nft list chain %s airlock %s: %v %s", family, chain, err, out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if re.MatchString(l) {
+			var pk int
+			if i := strings.Index(l, "packets "); i >= 0 {
+				fmt.Sscanf(l[i:], "packets %d", &pk)
+			}
+			return pk
+		}
+	}
+	t.Fatalf("no rule matching %s in:\n%s", re, out)
+	return 0
+}
+
+// TestDatapathIsTPROXY: on a running airlockd the rule set diverts TCP and
+// DNS with tproxy, nothing is DNATed; a member reaches what its policy
+// allows with the proxy seeing the address it dialled and the gate
+// answering from the address it asked; conntrack holds nothing of the
+// proxied flows; a Docker-style DNAT of the gateway's port does not apply
+// to members; and all of it with br_netfilter on, as Docker leaves it, and
+// off.
+func TestDatapathIsTPROXY(t *testing.T) {
+	w, cfg, d := setup(t)
+	inet, err := w.HostExec("nft", "list", "table", "inet", "airlock")
+	if err != nil {
+		t.Fatalf("nft list table inet airlock: %v %s", err, inet)
+	}
+	for _, want := range []string{
+		"tproxy ip to 10.88.0.1:15001", // TCP
+		"udp dport 53 tproxy ip to 10.88.0.1:53",
+		"tcp dport 53 tproxy ip to 10.88.0.1:53",
+		"reject with tcp reset", // tproxy finding no socket does not drop
+	} {
+		if !strings.Contains(inet, want) {
+			t.Errorf("nft list table inet airlock lacks %q:\n%s", want, inet)
+		}
+	}
+	if strings.Contains(inet, "dnat") || strings.Contains(inet, "nat hook") {
+		t.Errorf("the rule set still NATs:\n%s", inet)
+	}
+	netdev, err := w.HostExec("nft", "list", "table", "netdev", "airlock")
+	if err != nil || !strings.Contains(netdev, `device "al-sba"`) || !strings.Contains(netdev, `dup to "aldsba"`) {
+		t.Errorf("nft list table netdev airlock: %v\n%s", err, netdev)
+	}
+	// What Docker adds for a published port on a bridge network: DNAT of
+	// a local address's port, here the gateway's 8080 to the decoy.
+	dockerlike := filepath.Join(w.Dir, "dockerlike.nft")
+	write(t, dockerlike, fmt.Sprintf(`table ip dockerlike {
+	chain pre {
+		type nat hook prerouting priority dstnat; policy accept;
+		fib daddr type local tcp dport 8080 dnat to %s:80
+	}
+}
+`, testworld.DecoyAddr))
+	if out, err := w.HostExec("nft", "-f", dockerlike); err != nil {
+		t.Fatalf("load Docker-like DNAT: %v %s", err, out)
+	}
+
+	check := func(t *testing.T) {
+		run := func(argv ...string) testworld.Result {
+			return w.Run(cfg, sbA, "agent", 30*time.Second, argv...)
+		}
+		// The gate answers a query sent to any address, from that address
+		// (dig waits for an answer from the server it asked).
+		if r := run("dig", "+short", "+tries=1", "+time=3", "@"+testworld.DNSAddr, "allowed.test"); !inFakePool(t, r.Stdout) {
+			t.Errorf("dig @%s allowed.test: %q %q", testworld.DNSAddr, r.Stdout, r.Stderr)
+		}
+		if r := run("dig", "+short", "+tcp", "+tries=1", "+time=3", "@192.0.2.1", "allowed.test"); !inFakePool(t, r.Stdout) {
+			t.Errorf("dig +tcp @192.0.2.1 allowed.test: %q %q", r.Stdout, r.Stderr)
+		}
+		// Allowed by name through the proxy, which saw the fake IP dialled.
+		if r := run("curl", "-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}", "http://allowed.test/"); r.Stdout != "200" {
+			t.Errorf("curl http://allowed.test/: %q %q", r.Stdout, r.Stderr)
+		}
+		if !regexp.MustCompile(`msg=connection .*host=allowed\.test port=80 .*dest=198\.1[89]\.\d+\.\d+:80 `).MatchString(d.Log.String()) {
+			t.Errorf("the proxy logged no connection to allowed.test at its fake IP")
+		}
+		// The gateway's port that the Docker-like rule DNATs: the proxy
+		// gets it as dialled (this host) and refuses it.
+		if r := run("curl", "-sSf", "-m", "5", "http://10.88.0.1:8080/"); r.Code == 0 {
+			t.Errorf("curl http://10.88.0.1:8080/ succeeded: %q", r.Stdout)
+		}
+		if !strings.Contains(d.Log.String(), "dest=10.88.0.1:8080 ") {
+			t.Errorf("the proxy logged no connection to 10.88.0.1:8080 as dialled")
+		}
+		// A raw IP is still refused, and nothing reached the internet.
+		if r := run("curl", "-sSf", "-m", "5", "http://"+testworld.DecoyAddr+"/"); r.Code == 0 {
+			t.Errorf("curl http://%s/ succeeded: %q", testworld.DecoyAddr, r.Stdout)
+		}
+		for _, l := range w.Reached() {
+			if strings.Contains(l, testworld.DecoyAddr) || strings.Contains(l, "← 10.88.") {
+				t.Errorf("reached the internet: %s", l)
+			}
+		}
+		if ct := conntrackFrom(t, w, netip.MustParsePrefix("10.88.0.0/16")); len(ct) > 0 {
+			t.Errorf("conntrack holds flows of members:\n%s", strings.Join(ct, "\n"))
+		}
+	}
+	switch brNetfilter(t, w) {
+	case "":
+		t.Fatal("br_netfilter is not loaded (Docker loads it; modprobe br_netfilter): the datapath must be shown with it on")
+	case "1":
+	default:
+		setBrNetfilter(t, w, "1")
+	}
+	t.Run("br_netfilter on", check)
+	setBrNetfilter(t, w, "0")
+	t.Run("br_netfilter off", check)
+}
+
+// TestDivertedPacketsFindNothingWhenAirlockdDies: with airlockd killed, the
+// tproxy rules find no socket: a member's TCP is reset at once by the
+// rule set (its counter rises), its DNS is dropped, nothing reaches the
+// internet and conntrack holds nothing of it.
+func TestDivertedPacketsFindNothingWhenAirlockdDies(t *testing.T) {
+	w, cfg, d := setup(t)
+	if r := w.Run(cfg, sbA, "agent", 20*time.Second, "dig", "+short", "+tries=1", "allowed.test"); !inFakePool(t, r.Stdout) {
+		t.Fatalf("before: %q %q", r.Stdout, r.Stderr)
+	}
+	resets := regexp.MustCompile(`meta l4proto tcp counter packets \d+ bytes \d+ reject with tcp reset`)
+	before := ruleCounter(t, w, "inet", "tp-al-"+sbA, resets)
+	queries := len(w.DNS.Queries())
+	d.Kill()
+	start := time.Now()
+	r := w.Run(cfg, sbA, "agent", 20*time.Second, "curl", "-sS", "-m", "5", "http://"+testworld.WebAddr+"/")
+	if r.Code != 7 || time.Since(start) > 4*time.Second {
+		t.Errorf("curl with airlockd dead: exit %d %q after %s; want 7 (connection refused, a reset)", r.Code, r.Stderr, time.Since(start))
+	}
+	if r := w.Run(cfg, sbA, "agent", 20*time.Second, "dig", "+short", "+tries=1", "+time=2", "@"+testworld.DNSAddr, "allowed.test"); r.Code == 0 || !strings.Contains(r.Stdout, "timed out") {
+		t.Errorf("dig with airlockd dead: exit %d %q; want a time-out", r.Code, r.Stdout)
+	}
+	if after := ruleCounter(t, w, "inet", "tp-al-"+sbA, resets); after <= before {
+		t.Errorf("tp-al-%s reset counter %d → %d: the SYN did not end at the rule set's reset", sbA, before, after)
+	}
+	if n := len(w.DNS.Queries()); n != queries {
+		t.Errorf("with airlockd dead the upstream DNS saw %v", w.DNS.Queries()[queries:])
+	}
+	for _, l := range w.Reached() {
+		t.Errorf("with airlockd dead, reached the internet: %s", l)
+	}
+	if ct := conntrackFrom(t, w, netip.MustParsePrefix("10.88.0.0/16")); len(ct) > 0 {
+		t.Errorf("with airlockd dead, conntrack holds:\n%s", strings.Join(ct, "\n"))
+	}
+}
