@@ -365,6 +365,22 @@ func DeleteDivert(conn *nftables.Conn, bridge string) error {
 
 func divertChain(bridge string) string { return "divert-" + bridge }
 
+// DivertBridges returns the bridges airlock's netdev table has a divert
+// chain for.
+func DivertBridges(conn *nftables.Conn) []string {
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyNetdev)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, c := range chains {
+		if b, ok := strings.CutPrefix(c.Name, "divert-"); ok && c.Table.Name == TableName {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // Offsets of the IPv4 source and destination addresses in the header.
 const (
 	offSaddr = 12

@@ -214,19 +214,21 @@ func (d *Daemon) init() error {
 	return nil
 }
 
-// dropStaleBridgesLocked removes the bridges of sandboxes that the rules
-// left by an earlier run name but that are wanted no more (taken out of the
-// config while airlockd was stopped): the new rules would not cage them.
+// dropStaleBridgesLocked removes the bridges, divert pairs and divert
+// chains of sandboxes that the rules left by an earlier run name but that
+// are wanted no more (taken out of the config while airlockd was stopped):
+// the new rules would not cage them.
 // A bridge that cannot be removed fails the start, and the old rules stay.
 func (d *Daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
 	keep := map[string]bool{}
 	for _, sb := range wanted {
 		keep[netns.BridgeName(sb.Name)] = true
 	}
-	for _, b := range tproxy.TableBridges(d.conn) {
+	for _, b := range slices.Concat(tproxy.TableBridges(d.conn), tproxy.DivertBridges(d.conn)) {
 		if keep[b] {
 			continue
 		}
+		keep[b] = true // once
 		if err := d.removeNetwork(b); err != nil {
 			return fmt.Errorf("remove bridge %s of a sandbox no longer configured (its rules stay until it is gone): %w", b, err)
 		}
