@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // Attacks found in review; each must fail.
@@ -34,7 +36,7 @@ func TestSilentClientCannotFrontLater(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer raw.Close()
-			time.Sleep(500 * time.Millisecond) // past the 300 ms sniff window
+			waitSilent(t, up)
 			roots := x509.NewCertPool()
 			pem, _ := os.ReadFile(up.caFile)
 			roots.AppendCertsFromPEM(pem)
@@ -61,7 +63,7 @@ func TestSilentClientWithTheRightNameIsCarried(t *testing.T) {
 	h, _ := newBumpHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)))
 	raw, _ := net.Dial("tcp4", h.proxy.Addr().String())
 	defer raw.Close()
-	time.Sleep(500 * time.Millisecond)
+	waitSilent(t, up)
 	roots := x509.NewCertPool()
 	pem, _ := os.ReadFile(up.caFile)
 	roots.AppendCertsFromPEM(pem)
@@ -75,6 +77,13 @@ func TestSilentClientWithTheRightNameIsCarried(t *testing.T) {
 	if !strings.Contains(st, "200") {
 		t.Errorf("status %q", st)
 	}
+}
+
+// waitSilent waits until the proxy has given up on a silent client's first
+// bytes (the sniff window is over) and dialled the upstream to splice it.
+func waitSilent(t *testing.T, up *upstream) {
+	t.Helper()
+	testenv.WaitFor(t, 5*time.Second, "the proxy to end the sniff window and dial the upstream", func() bool { return up.tlsConns.Load() == 1 })
 }
 
 // Plain HTTP is checked request by request: a second request on a kept-alive

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 	"github.com/airlockhq/airlock/policy"
 )
@@ -288,10 +289,8 @@ func TestWebPortCarriesOnlyHTTPAndTLS(t *testing.T) {
 
 func waitRecords(t *testing.T, h *harness, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); len(h.Records()) < n; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("records = %+v, want %d", h.Records(), n)
-		}
+	if !testenv.Poll(5*time.Second, func() bool { return len(h.Records()) >= n }) {
+		t.Fatalf("records = %+v, want %d", h.Records(), n)
 	}
 }
 
@@ -420,17 +419,11 @@ func TestAllowOnceCoversOneRequest(t *testing.T) {
 	host := fmt.Sprintf("unknown.test:%d", port)
 	pending := func(method, url string) policy.Pending {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			if p := h.broker.List(); len(p) == 1 {
-				if p[0].Method != method || p[0].URL != url {
-					t.Fatalf("pending %s %s, want %s %s", p[0].Method, p[0].URL, method, url)
-				}
-				return p[0]
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no pending approval for %s %s", method, url)
-			}
+		p := h.waitPending(t, 1)
+		if p.Method != method || p.URL != url {
+			t.Fatalf("pending %s %s, want %s %s", p.Method, p.URL, method, url)
 		}
+		return p
 	}
 	fmt.Fprintf(c, "GET /a HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 	p := pending("GET", "http://"+host+"/a")
@@ -590,11 +583,7 @@ func TestConnectionLimits(t *testing.T) {
 		t.Error("another sandbox's proxy refused a member for this one's load")
 	}
 	held[0].Close()
-	for deadline := time.Now().Add(5 * time.Second); a.proxy.Active() > 4; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("a closed connection kept its place")
-		}
-	}
+	testenv.WaitFor(t, 5*time.Second, "the closed connection to give up its place", func() bool { return a.proxy.Active() <= 4 })
 	if c := dialFrom(a, "127.0.0.2"); refused(c) {
 		t.Error("a member under its limit again was refused")
 	}
