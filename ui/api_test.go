@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -299,13 +300,11 @@ func TestApprovalsThroughTheAPI(t *testing.T) {
 		done <- h.sb.broker.Ask(context.Background(), policy.AskRequest{Source: "agent", Host: "api.unknown.com", Port: 443})
 	}()
 	var list []ApprovalView
-	for deadline := time.Now().Add(5 * time.Second); len(list) == 0; time.Sleep(5 * time.Millisecond) {
+	testenv.WaitFor(t, 5*time.Second, "the pending approval to be listed", func() bool {
 		_, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/approvals", "")
 		json.Unmarshal([]byte(body), &list)
-		if time.Now().After(deadline) {
-			t.Fatal("no pending approval listed")
-		}
-	}
+		return len(list) > 0
+	})
 	p := list[0]
 	if p.Host != "api.unknown.com" || p.Source != "agent" || p.SecondsLeft <= 25 || len(p.Suggestions) != 4 {
 		t.Errorf("approval = %+v", p)
