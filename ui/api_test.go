@@ -355,6 +355,35 @@ func TestEventsStreamWithin100ms(t *testing.T) {
 	}
 }
 
+// TestClientEventsReady: an entry added when Events calls ready is on the
+// stream, so a caller that reads the history in ready misses nothing
+// between the history and the stream (airlock log -f).
+func TestClientEventsReady(t *testing.T) {
+	h := newAPI(t, "")
+	c, err := NewClient(h.ts.URL, h.srv.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var got []string
+	ready := func() error {
+		h.sb.journal.Add(audit.Entry{Kind: audit.KindApproval, Sandbox: "myapp", Host: "x.test", Action: "opened"})
+		return nil
+	}
+	err = c.Events(ctx, "myapp", ready, func(e audit.Entry) {
+		got = append(got, e.Host)
+		cancel()
+	})
+	if err != nil || len(got) != 1 || got[0] != "x.test" {
+		t.Errorf("Events = %v, entries %q; want the entry added in ready", err, got)
+	}
+	refused := errors.New("no history")
+	if err := c.Events(context.Background(), "myapp", func() error { return refused }, func(audit.Entry) {}); err != refused {
+		t.Errorf("Events with a failing ready = %v, want its error", err)
+	}
+}
+
 func TestHARStructure(t *testing.T) {
 	h := newAPI(t, "")
 	h.sb.journal.Add(audit.Entry{Kind: audit.KindRequest, Sandbox: "myapp", Source: "agent", Method: "GET", URL: "https://api.example.com/v1/x?q=1",
