@@ -31,17 +31,7 @@ func TestSilentClientCannotFrontLater(t *testing.T) {
 			h, _ := newBumpHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port),
 				rules(port, fmt.Sprintf("allowed.test:%d", port), fmt.Sprintf("other.test:%d", port)),
 				func(c *Config) { c.InspectAll = func() bool { return inspectAll } })
-			raw, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer raw.Close()
-			waitSilent(t, up)
-			roots := x509.NewCertPool()
-			pem, _ := os.ReadFile(up.caFile)
-			roots.AppendCertsFromPEM(pem)
-			c := tls.Client(raw, &tls.Config{ServerName: "other.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := silentClient(t, h, up, "other.test")
 			if err := c.Handshake(); err == nil {
 				fmt.Fprintf(c, "GET /secret HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
 				io.Copy(io.Discard, c)
@@ -61,14 +51,7 @@ func TestSilentClientWithTheRightNameIsCarried(t *testing.T) {
 	up := startUpstream(t)
 	port := up.httpsPort
 	h, _ := newBumpHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)))
-	raw, _ := net.Dial("tcp4", h.proxy.Addr().String())
-	defer raw.Close()
-	waitSilent(t, up)
-	roots := x509.NewCertPool()
-	pem, _ := os.ReadFile(up.caFile)
-	roots.AppendCertsFromPEM(pem)
-	c := tls.Client(raw, &tls.Config{ServerName: "allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := silentClient(t, h, up, "allowed.test")
 	if err := c.Handshake(); err != nil {
 		t.Fatalf("late honest handshake: %v", err)
 	}
@@ -79,11 +62,24 @@ func TestSilentClientWithTheRightNameIsCarried(t *testing.T) {
 	}
 }
 
-// waitSilent waits until the proxy has given up on a silent client's first
-// bytes (the sniff window is over) and dialled the upstream to splice it.
-func waitSilent(t *testing.T, up *upstream) {
+// silentClient connects to the proxy and stays silent until the proxy has
+// given up on its first bytes (the sniff window is over) and dialled the
+// upstream to splice it; it returns a TLS client for serverName on the
+// connection, trusting the upstream, that has not sent its ClientHello yet.
+func silentClient(t *testing.T, h *harness, up *upstream, serverName string) *tls.Conn {
 	t.Helper()
+	raw, err := net.Dial("tcp4", h.proxy.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
 	testenv.WaitFor(t, 5*time.Second, "the proxy to end the sniff window and dial the upstream", func() bool { return up.tlsConns.Load() == 1 })
+	roots := x509.NewCertPool()
+	pem, _ := os.ReadFile(up.caFile)
+	roots.AppendCertsFromPEM(pem)
+	c := tls.Client(raw, &tls.Config{ServerName: serverName, RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	return c
 }
 
 // Plain HTTP is checked request by request: a second request on a kept-alive
