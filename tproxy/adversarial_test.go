@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -68,18 +67,12 @@ func TestSilentClientWithTheRightNameIsCarried(t *testing.T) {
 // connection, trusting the upstream, that has not sent its ClientHello yet.
 func silentClient(t *testing.T, h *harness, up *upstream, serverName string) *tls.Conn {
 	t.Helper()
-	raw, err := net.Dial("tcp4", h.proxy.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
+	raw := h.connect(t, 5*time.Second)
 	testenv.WaitFor(t, 5*time.Second, "the proxy to end the sniff window and dial the upstream", func() bool { return up.tlsConns.Load() == 1 })
 	roots := x509.NewCertPool()
 	pem, _ := os.ReadFile(up.caFile)
 	roots.AppendCertsFromPEM(pem)
-	c := tls.Client(raw, &tls.Config{ServerName: serverName, RootCAs: roots, NextProtos: []string{"http/1.1"}})
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	return c
+	return tls.Client(raw, &tls.Config{ServerName: serverName, RootCAs: roots, NextProtos: []string{"http/1.1"}})
 }
 
 // Plain HTTP is checked request by request: a second request on a kept-alive
@@ -88,12 +81,7 @@ func TestPlainHTTPKeepAliveCannotSwitchHost(t *testing.T) {
 	up := startUpstream(t)
 	port := up.httpPort
 	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
-	c, err := net.Dial("tcp4", h.proxy.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := h.connect(t, 5*time.Second)
 	r := bufio.NewReader(c)
 	fmt.Fprintf(c, "GET /one HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n", port)
 	resp, err := readStatus(r)

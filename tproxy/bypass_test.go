@@ -221,12 +221,7 @@ func TestPlainHTTPFrontingIsParsedOrRefused(t *testing.T) {
 		{"HTTP/1.0 without Host, then one with", "GET / HTTP/1.0\r\n\r\nGET / HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			io.WriteString(c, tc.raw)
 			io.Copy(io.Discard, c)
 			for _, s := range up.requests() {
@@ -242,11 +237,7 @@ func TestPlainHTTPFrontingIsParsedOrRefused(t *testing.T) {
 		{"allowed.test:" + fmt.Sprint(port), "200"},
 		{other, "403"},
 	} {
-		c, err := net.Dial("tcp4", h.proxy.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c := h.connect(t, 5*time.Second)
 		if got := h2Request(t, c, "http", tc.authority, "/h2c"); got != tc.want {
 			t.Errorf("h2c :authority %s: %s, want %s", tc.authority, got, tc.want)
 		}
@@ -269,11 +260,7 @@ func TestWebPortCarriesOnlyHTTPAndTLS(t *testing.T) {
 	for _, port := range []uint16{80, 443, 8080, 8443} {
 		h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
 		for _, raw := range []string{"\x00\x01binary", "HELLO\r\n", "SSH-2.0-x y\r\n"} {
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			io.WriteString(c, raw)
 			io.Copy(io.Discard, c)
 			c.Close()
@@ -377,12 +364,7 @@ func TestTLSFirstFlightsBuiltByHand(t *testing.T) {
 			port := up.httpsPort
 			h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)),
 				func(c *Config) { c.AllowECH = func() bool { return tc.ech } })
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			// Byte by byte, so that every prefix is read too.
 			for i := range tc.flight {
 				if _, err := c.Write(tc.flight[i : i+1]); err != nil {
@@ -409,12 +391,7 @@ func TestAllowOnceCoversOneRequest(t *testing.T) {
 	up := startUpstream(t)
 	port := up.httpPort
 	h := newHarness(t, up, netip.AddrPortFrom(fake("unknown.test"), port), rules(port), nil)
-	c, err := net.Dial("tcp4", h.proxy.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := h.connect(t, 10*time.Second)
 	r := bufio.NewReader(c)
 	host := fmt.Sprintf("unknown.test:%d", port)
 	pending := func(method, url string) policy.Pending {
@@ -490,11 +467,7 @@ func TestSSRFGuardRefusesThisHost(t *testing.T) {
 				}
 				c.IsLocal = func(a netip.Addr) bool { return a == hostAddr }
 			})
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			io.WriteString(c, "hello\r\n")
 			io.Copy(io.Discard, c)
 			c.Close()
@@ -628,12 +601,7 @@ func TestHostHeaderForwardedAsDecided(t *testing.T) {
 	} {
 		t.Run(tc.host, func(t *testing.T) {
 			before := len(up.requests())
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			fmt.Fprintf(c, "GET /h HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", tc.host)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			got := up.requests()[before:]

@@ -167,6 +167,19 @@ func (h *harness) Records() []Record {
 	return append([]Record(nil), h.records...)
 }
 
+// connect opens a connection to the proxy as a member would, with a
+// deadline timeout from now; it is closed when the test ends.
+func (h *harness) connect(t *testing.T, timeout time.Duration) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp4", h.proxy.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(timeout))
+	return c
+}
+
 // waitPending waits until the broker holds exactly one approval, with
 // waiting connections or requests waiting on it, and returns it.
 func (h *harness) waitPending(t *testing.T, waiting int) policy.Pending {
@@ -447,12 +460,7 @@ func TestProxyServerSpeaksFirst(t *testing.T) {
 	}()
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 	h := newHarness(t, &upstream{}, netip.AddrPortFrom(fake("ssh.test"), port), rules(port, fmt.Sprintf("ssh.test:%d", port)), nil)
-	c, err := net.Dial("tcp4", h.proxy.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := h.connect(t, 5*time.Second)
 	banner := make([]byte, 14)
 	if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "SSH-2.0-test\r\n" {
 		t.Fatalf("banner %q %v", banner, err)
