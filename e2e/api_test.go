@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
@@ -57,15 +58,12 @@ func callAt(t testing.TB, client *http.Client, base, token, method, path, body s
 
 func waitPendingAPI(t *testing.T, w *testworld.World, token string) string {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	var p []struct{ ID string }
+	testenv.WaitFor(t, 10*time.Second, "a pending approval", func() bool {
 		_, body := call(t, w, token, "GET", "/sandboxes/default/approvals", "")
-		var p []struct{ ID string }
-		if json.Unmarshal([]byte(body), &p) == nil && len(p) > 0 {
-			return p[0].ID
-		}
-	}
-	t.Fatal("no pending approval")
-	return ""
+		return json.Unmarshal([]byte(body), &p) == nil && len(p) > 0
+	})
+	return p[0].ID
 }
 
 func TestREADMEAPITour(t *testing.T) {
@@ -192,14 +190,10 @@ func TestAuditAndRulesSurviveKill9(t *testing.T) {
 	}
 	// A connection's record is written when the proxy is done with it,
 	// which may be just after curl is: wait until both are listed.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if h, _ := allowedHosts(); h["allowed.test"] && h["other.test"] {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the records never appeared")
-		}
-	}
+	testenv.WaitFor(t, 5*time.Second, "the records of both connections", func() bool {
+		h, _ := allowedHosts()
+		return h["allowed.test"] && h["other.test"]
+	})
 	d.Kill()
 	w.StartDaemon(cfg)
 	if hosts, body := allowedHosts(); !hosts["allowed.test"] || !hosts["other.test"] {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
@@ -152,10 +153,11 @@ func waitServing(b *testing.B, p benchPath) {
 	b.Helper()
 	var out string
 	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if out, err = p.run("curl", "-sS", "--max-time", "5", "https://allowed.test/"); out == "internet" {
-			return
-		}
+	if testenv.Poll(30*time.Second, func() bool {
+		out, err = p.run("curl", "-sS", "--max-time", "5", "https://allowed.test/")
+		return out == "internet"
+	}) {
+		return
 	}
 	b.Fatalf("%s not serving after 30 s: %q %v", p.name, out, err)
 }
@@ -407,7 +409,7 @@ func benchIdle(b *testing.B, label string, paths []benchPath, n int) {
 			if line != fmt.Sprintf("held %d\n", n) {
 				b.Fatalf("%q %v %s", line, err, stderr.String())
 			}
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) // not a wait: the proxy's memory settles before it is measured
 			b.ReportMetric(float64(rssKiB(p.pid)-before)/float64(n), "KiB/conn")
 		})
 	}
@@ -545,10 +547,8 @@ func benchRuleScale(b *testing.B, w *testworld.World, d *testworld.Daemon, membe
 		// person would run, puts it in force.
 		reloads := strings.Count(d.Log.String(), "msg=reloaded")
 		d.Signal(syscall.SIGHUP)
-		for deadline := time.Now().Add(60 * time.Second); strings.Count(d.Log.String(), "msg=reloaded") == reloads; time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				b.Fatalf("policy with %d rules not reloaded after 60 s", rules)
-			}
+		if !testenv.Poll(60*time.Second, func() bool { return strings.Count(d.Log.String(), "msg=reloaded") > reloads }) {
+			b.Fatalf("policy with %d rules not reloaded after 60 s", rules)
 		}
 		want := fmt.Sprintf("rules=%d", rules)
 		benchHey(b, "connect-"+want, []benchPath{member}, n)

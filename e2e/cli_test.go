@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
@@ -74,22 +75,16 @@ func TestCLI(t *testing.T) {
 		}
 		close(lines)
 	}()
-	time.Sleep(300 * time.Millisecond)
 	member := w.Start(cfg, "default", "agent", 60*time.Second, "curl", "-sS", "-m", "50", "http://unknown.example/")
-	var pid string
-	for deadline := time.Now().Add(10 * time.Second); pid == ""; time.Sleep(20 * time.Millisecond) {
+	var ps []struct{ ID, URL string }
+	testenv.WaitFor(t, 10*time.Second, "airlock pending to list the held member", func() bool {
 		out, _ := cli("pending", "--json")
-		var ps []struct{ ID, URL string }
 		json.Unmarshal([]byte(out), &ps)
-		if len(ps) > 0 {
-			pid = ps[0].ID
-			if ps[0].URL != "http://unknown.example/" {
-				t.Errorf("pending URL %q", ps[0].URL)
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("nothing pending")
-		}
+		return len(ps) > 0
+	})
+	pid := ps[0].ID
+	if ps[0].URL != "http://unknown.example/" {
+		t.Errorf("pending URL %q", ps[0].URL)
 	}
 	if out, code := cli("approve", pid); code != 0 || !strings.Contains(out, "allow_once: default http://unknown.example/") {
 		t.Errorf("approve: %d %s", code, out)

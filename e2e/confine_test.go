@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
@@ -178,10 +179,8 @@ func TestLimitsKeepSandboxesApart(t *testing.T) {
 	d := w.StartDaemon(cfg)
 	holder := w.Start(cfg, "lima", "hog", 40*time.Second, os.Args[0], "-test.run=^TestMemberHelper$", "--", "holdmany", "ssh.test:22", "20", "4")
 	// Once the hog holds what it may, the other sandbox is still served.
-	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(d.Log.String(), "connection refused: limit reached"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the hog was never refused:\n%s", d.Log.String())
-		}
+	if !testenv.Poll(20*time.Second, func() bool { return strings.Contains(d.Log.String(), "connection refused: limit reached") }) {
+		t.Fatalf("the hog was never refused:\n%s", d.Log.String())
 	}
 	if r := w.Run(cfg, "limb", "agent", 20*time.Second, "curl", "-sS", "-m", "10", "http://allowed.test/"); r.Stdout != "internet" {
 		t.Errorf("the other sandbox while one is at its limit: %d %q %q", r.Code, r.Stdout, r.Stderr)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
@@ -144,11 +145,5 @@ func pgrep(pattern string) string {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10 s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 10*time.Second, "the members and their links", cond)
 }

@@ -238,7 +238,7 @@ func TestMemberHelper(t *testing.T) {
 		}
 		fmt.Printf("held %d refused %d\n", len(conns), refused)
 		os.Stdout.Sync()
-		time.Sleep(time.Duration(secs) * time.Second)
+		time.Sleep(time.Duration(secs) * time.Second) // not a wait: the member holds its connections this long
 		for _, c := range conns {
 			c.Close()
 		}
@@ -255,7 +255,7 @@ func TestMemberHelper(t *testing.T) {
 			break
 		}
 		ms, _ := strconv.Atoi(args[2])
-		time.Sleep(time.Duration(ms) * time.Millisecond)
+		time.Sleep(time.Duration(ms) * time.Millisecond) // not a wait: the member keeps the connection idle this long
 		fmt.Fprintf(c, "ping\n")
 		if line, err := r.ReadString('\n'); err == nil && line == "ping\n" {
 			fmt.Println("echo ok")
@@ -320,7 +320,7 @@ func TestMemberHelper(t *testing.T) {
 				c.Close()
 			}
 		}()
-		time.Sleep(time.Duration(secs) * time.Second)
+		time.Sleep(time.Duration(secs) * time.Second) // not a wait: the member listens this long
 	}
 	os.Exit(0)
 }

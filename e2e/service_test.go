@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
@@ -271,10 +272,8 @@ func (n *notifyListener) all() []string {
 
 func (n *notifyListener) waitFor(t *testing.T, field string, count int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); n.count(field) < count; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %d× %s within 10 s; got %q", count, field, n.all())
-		}
+	if !testenv.Poll(10*time.Second, func() bool { return n.count(field) >= count }) {
+		t.Fatalf("no %d× %s within 10 s; got %q", count, field, n.all())
 	}
 }
 
@@ -485,7 +484,9 @@ func TestServicePolicyPolling(t *testing.T) {
 			t.Errorf("the held edit's log line %q lacks %q", m, want)
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // a few polls more
+	// Not a wait: what is checked is that a few more polls (one each
+	// 0.2 s) leave the edit out of force, and a poll shows no sign.
+	time.Sleep(500 * time.Millisecond)
 	if got := curlBody(w, cfg, "sva", "http://other.test/"); got != "" {
 		t.Errorf("a widening edit was applied by the poll: other.test %q", got)
 	}
@@ -520,7 +521,8 @@ func TestServicePolicyPolling(t *testing.T) {
 	if got := curlBody(w, cfg, "sva", "http://allowed.test/"); got != "internet" {
 		t.Errorf("after a broken edit, allowed.test: %q; the last good policy must stay", got)
 	}
-	// Logged once per change, not once per poll.
+	// Logged once per change, not once per poll. Not a wait: five polls
+	// must pass for the count to mean anything.
 	time.Sleep(time.Second)
 	if c := strings.Count(d.Log.String(), "policy file changed but refused"); c != 1 {
 		t.Errorf("the refusal was logged %d times", c)
@@ -649,19 +651,15 @@ func journalRun(t *testing.T, w *testworld.World, extra, pol string) string {
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	read := func() string { b, _ := os.ReadFile(f.Name()); return string(b) }
-	for deadline := time.Now().Add(15 * time.Second); !strings.Contains(read(), "airlockd ready"); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("airlockd not ready:\n%s", read())
-		}
+	if !testenv.Poll(15*time.Second, func() bool { return strings.Contains(read(), "airlockd ready") }) {
+		t.Fatalf("airlockd not ready:\n%s", read())
 	}
 	if got := curlBody(w, cfg, "sva", "http://allowed.test/"); got != "internet" {
 		t.Errorf("allowed.test: %q", got)
 	}
 	curlBody(w, cfg, "sva", "http://other.test/")
 	// The record of a connection is written just after the client is done.
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(read(), "host=other.test") && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Poll(5*time.Second, func() bool { return strings.Contains(read(), "host=other.test") })
 	cmd.Process.Signal(syscall.SIGTERM)
 	cmd.Wait()
 	return read()
@@ -680,18 +678,16 @@ func TestServiceStopDrains(t *testing.T) {
 	wait := w.Start(cfg, "sva", "agent", 30*time.Second, os.Args[0], "-test.run=^TestMemberHelper$", "--", "hold", "ssh.test:22", "1000")
 	// The connection is open once the proxy counts it.
 	open := `airlock_open_connections{sandbox="sva"} 1`
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	if !testenv.Poll(10*time.Second, func() bool {
 		resp, err := w.HostClient().Get("http://127.0.0.1:7433/metrics")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(b), open) {
-				break
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the member's connection never opened:\n%s", d.Log.String())
-		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return strings.Contains(string(b), open)
+	}) {
+		t.Fatalf("the member's connection never opened:\n%s", d.Log.String())
 	}
 	t0 := time.Now()
 	d.Stop()

@@ -51,11 +51,7 @@ func TestSameNetns(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { srv.Process.Kill(); srv.Wait() }()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(other); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+	testenv.WaitFor(t, 5*time.Second, "the other namespace's engine to listen", func() bool { _, err := os.Stat(other); return err == nil })
 	if err := sameNetns("unix://" + other); err == nil || !strings.Contains(err.Error(), "another network namespace") {
 		t.Errorf("an engine in another namespace: %v, want refused", err)
 	}

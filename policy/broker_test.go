@@ -12,6 +12,8 @@ import (
 	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 func newTestBroker(t *testing.T, timeout time.Duration) (*Broker, *Sandbox, string, *[]BrokerEvent) {
@@ -48,21 +50,18 @@ func askAll(b *Broker, n int, host string, port uint16) func() []Outcome {
 
 func waitPending(t *testing.T, b *Broker, n, waiting int) []Pending {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		p := b.List()
+	var p []Pending
+	if !testenv.Poll(5*time.Second, func() bool {
+		p = b.List()
 		total := 0
 		for _, x := range p {
 			total += x.Waiting
 		}
-		if len(p) == n && total == waiting {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pending = %+v, want %d approvals with %d waiting", p, n, waiting)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return len(p) == n && total == waiting
+	}) {
+		t.Fatalf("pending = %+v, want %d approvals with %d waiting", p, n, waiting)
 	}
+	return p
 }
 
 // Connections of one member to one host and port share an approval, but

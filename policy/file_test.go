@@ -849,16 +849,55 @@ func TestAddRuleConcurrent(t *testing.T) {
 	}
 }
 
-func FuzzParseSpec(f *testing.F) {
-	seeds, err := filepath.Glob("testdata/*.yaml")
+// specSeeds returns the policy files in testdata: the seeds of the fuzz
+// targets that parse and edit policy files.
+func specSeeds(f *testing.F) [][]byte {
+	names, err := filepath.Glob("testdata/*.yaml")
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, s := range seeds {
-		data, err := os.ReadFile(s)
+	var seeds [][]byte
+	for _, n := range names {
+		data, err := os.ReadFile(n)
 		if err != nil {
 			f.Fatal(err)
 		}
+		seeds = append(seeds, data)
+	}
+	return seeds
+}
+
+// fuzzEdit writes data to a policy file and runs edit, named what, on it
+// with the spec data parses as (nil when it does not). It holds an edit
+// to its contract: one that fails leaves the file as it was; one that
+// succeeds started from a file that loads and leaves one that loads. It
+// returns the file and the specs before and after the edit, and whether
+// the edit succeeded.
+func fuzzEdit(t *testing.T, data []byte, what string, edit func(path string, before *Spec) error) (path string, before, after *Spec, ok bool) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "app.yaml")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, loadErr := ParseSpec(path, data)
+	if err := edit(path, before); err != nil {
+		if got := readText(t, path); got != string(data) {
+			t.Fatalf("%s failed (%v) but changed the file to %q", what, err, got)
+		}
+		return path, before, nil, false
+	}
+	if loadErr != nil {
+		t.Fatalf("%s succeeded on a file that does not load: %v", what, loadErr)
+	}
+	after, err := LoadSpec(path)
+	if err != nil {
+		t.Fatalf("file does not load after %s: %v\n%s", what, err, readText(t, path))
+	}
+	return path, before, after, true
+}
+
+func FuzzParseSpec(f *testing.F) {
+	for _, data := range specSeeds(f) {
 		f.Add(data)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -893,15 +932,7 @@ func FuzzParseSpec(f *testing.F) {
 // file alone, or leaves a file that loads with the rule added (and, after
 // RemoveRule, without it again).
 func FuzzAddRule(f *testing.F) {
-	seeds, err := filepath.Glob("testdata/*.yaml")
-	if err != nil {
-		f.Fatal(err)
-	}
-	for _, s := range seeds {
-		data, err := os.ReadFile(s)
-		if err != nil {
-			f.Fatal(err)
-		}
+	for _, data := range specSeeds(f) {
 		f.Add(data, false)
 		f.Add(data, true)
 	}
@@ -912,23 +943,9 @@ func FuzzAddRule(f *testing.F) {
 		if denyList {
 			r = deny
 		}
-		path := filepath.Join(t.TempDir(), "app.yaml")
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		before, loadErr := ParseSpec(path, data)
-		if err := AddRule(path, r); err != nil {
-			if got := readText(t, path); got != string(data) {
-				t.Fatalf("AddRule failed (%v) but changed the file to %q", err, got)
-			}
+		path, before, after, ok := fuzzEdit(t, data, "AddRule", func(path string, _ *Spec) error { return AddRule(path, r) })
+		if !ok {
 			return
-		}
-		if loadErr != nil {
-			t.Fatalf("AddRule succeeded on a file that does not load: %v", loadErr)
-		}
-		after, err := LoadSpec(path)
-		if err != nil {
-			t.Fatalf("file does not load after AddRule: %v\n%s", err, readText(t, path))
 		}
 		if !hasRule(after, r) {
 			t.Fatalf("rule missing after AddRule:\n%s", readText(t, path))

@@ -329,15 +329,7 @@ func TestSandboxReplace(t *testing.T) {
 // the file alone, or leaves a file that loads with the settings set and
 // every other setting and rule as before.
 func FuzzSetSettings(f *testing.F) {
-	seeds, err := filepath.Glob("testdata/*.yaml")
-	if err != nil {
-		f.Fatal(err)
-	}
-	for _, s := range seeds {
-		data, err := os.ReadFile(s)
-		if err != nil {
-			f.Fatal(err)
-		}
+	for _, data := range specSeeds(f) {
 		f.Add(data, uint8(2), uint16(45))
 	}
 	f.Add([]byte("sandbox:\r\n  unknown_action: ask # c\r\n"), uint8(3), uint16(0))
@@ -350,23 +342,9 @@ func FuzzSetSettings(f *testing.F) {
 		if secs != 0 {
 			set.ApprovalTimeout = ptr(time.Duration(secs) * time.Second)
 		}
-		path := filepath.Join(t.TempDir(), "app.yaml")
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		before, loadErr := ParseSpec(path, data)
-		if err := SetSettings(path, set); err != nil {
-			if got := readText(t, path); got != string(data) {
-				t.Fatalf("SetSettings failed (%v) but changed the file to %q", err, got)
-			}
+		path, before, after, ok := fuzzEdit(t, data, "SetSettings", func(path string, _ *Spec) error { return SetSettings(path, set) })
+		if !ok {
 			return
-		}
-		if loadErr != nil {
-			t.Fatalf("SetSettings succeeded on a file that does not load: %v", loadErr)
-		}
-		after, err := LoadSpec(path)
-		if err != nil {
-			t.Fatalf("file does not load after SetSettings: %v\n%s", err, readText(t, path))
 		}
 		want := *before
 		set.applyTo(&want)
@@ -376,49 +354,39 @@ func FuzzSetSettings(f *testing.F) {
 	})
 }
 
+// errNothingToEdit is what a fuzzEdit edit returns when it edits nothing.
+var errNothingToEdit = errors.New("nothing to edit")
+
 // FuzzReplaceRule replaces the first user rule of arbitrary files: the edit
 // either fails and leaves the file alone, or leaves a file that loads with
 // that rule replaced in its place and nothing else changed.
 func FuzzReplaceRule(f *testing.F) {
-	seeds, err := filepath.Glob("testdata/*.yaml")
-	if err != nil {
-		f.Fatal(err)
-	}
-	for _, s := range seeds {
-		data, err := os.ReadFile(s)
-		if err != nil {
-			f.Fatal(err)
-		}
+	for _, data := range specSeeds(f) {
 		f.Add(data, false)
 		f.Add(data, true)
 	}
 	f.Add([]byte("sandbox:\r\n  network_denylist: [{pattern: a.test}, b.test]\r\n"), true)
 	f.Fuzz(func(t *testing.T, data []byte, denyList bool) {
-		path := filepath.Join(t.TempDir(), "app.yaml")
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		before, err := ParseSpec(path, data)
-		if err != nil {
-			return
-		}
-		l, rules := Allowlist, before.User
-		if denyList {
-			l, rules = Denylist, before.Deny
-		}
-		if len(rules) == 0 {
-			return
-		}
-		r := newUserRule(t, l, "replaced.example.net", rules[0].Member, "fuzz", addedAt, false)
-		if _, err := ReplaceRule(path, l, rules[0].ID, r); err != nil {
-			if got := readText(t, path); got != string(data) {
-				t.Fatalf("ReplaceRule failed (%v) but changed the file to %q", err, got)
+		var rules []*Rule
+		var r *Rule
+		path, before, after, ok := fuzzEdit(t, data, "ReplaceRule", func(path string, before *Spec) error {
+			if before == nil {
+				return errNothingToEdit
 			}
+			l := Allowlist
+			rules = before.User
+			if denyList {
+				l, rules = Denylist, before.Deny
+			}
+			if len(rules) == 0 {
+				return errNothingToEdit
+			}
+			r = newUserRule(t, l, "replaced.example.net", rules[0].Member, "fuzz", addedAt, false)
+			_, err := ReplaceRule(path, l, rules[0].ID, r)
+			return err
+		})
+		if !ok {
 			return
-		}
-		after, err := LoadSpec(path)
-		if err != nil {
-			t.Fatalf("file does not load after ReplaceRule: %v\n%s", err, readText(t, path))
 		}
 		want := *before
 		next := slices.Clone(rules)

@@ -7,13 +7,14 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // Attacks found in review; each must fail.
@@ -29,17 +30,7 @@ func TestSilentClientCannotFrontLater(t *testing.T) {
 			h, _ := newBumpHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port),
 				rules(port, fmt.Sprintf("allowed.test:%d", port), fmt.Sprintf("other.test:%d", port)),
 				func(c *Config) { c.InspectAll = func() bool { return inspectAll } })
-			raw, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer raw.Close()
-			time.Sleep(500 * time.Millisecond) // past the 300 ms sniff window
-			roots := x509.NewCertPool()
-			pem, _ := os.ReadFile(up.caFile)
-			roots.AppendCertsFromPEM(pem)
-			c := tls.Client(raw, &tls.Config{ServerName: "other.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := silentClient(t, h, up, "other.test")
 			if err := c.Handshake(); err == nil {
 				fmt.Fprintf(c, "GET /secret HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
 				io.Copy(io.Discard, c)
@@ -59,14 +50,7 @@ func TestSilentClientWithTheRightNameIsCarried(t *testing.T) {
 	up := startUpstream(t)
 	port := up.httpsPort
 	h, _ := newBumpHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)))
-	raw, _ := net.Dial("tcp4", h.proxy.Addr().String())
-	defer raw.Close()
-	time.Sleep(500 * time.Millisecond)
-	roots := x509.NewCertPool()
-	pem, _ := os.ReadFile(up.caFile)
-	roots.AppendCertsFromPEM(pem)
-	c := tls.Client(raw, &tls.Config{ServerName: "allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := silentClient(t, h, up, "allowed.test")
 	if err := c.Handshake(); err != nil {
 		t.Fatalf("late honest handshake: %v", err)
 	}
@@ -77,18 +61,27 @@ func TestSilentClientWithTheRightNameIsCarried(t *testing.T) {
 	}
 }
 
+// silentClient connects to the proxy and stays silent until the proxy has
+// given up on its first bytes (the sniff window is over) and dialled the
+// upstream to splice it; it returns a TLS client for serverName on the
+// connection, trusting the upstream, that has not sent its ClientHello yet.
+func silentClient(t *testing.T, h *harness, up *upstream, serverName string) *tls.Conn {
+	t.Helper()
+	raw := h.connect(t, 5*time.Second)
+	testenv.WaitFor(t, 5*time.Second, "the proxy to end the sniff window and dial the upstream", func() bool { return up.tlsConns.Load() == 1 })
+	roots := x509.NewCertPool()
+	pem, _ := os.ReadFile(up.caFile)
+	roots.AppendCertsFromPEM(pem)
+	return tls.Client(raw, &tls.Config{ServerName: serverName, RootCAs: roots, NextProtos: []string{"http/1.1"}})
+}
+
 // Plain HTTP is checked request by request: a second request on a kept-alive
 // connection cannot name another host.
 func TestPlainHTTPKeepAliveCannotSwitchHost(t *testing.T) {
 	up := startUpstream(t)
 	port := up.httpPort
 	h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
-	c, err := net.Dial("tcp4", h.proxy.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := h.connect(t, 5*time.Second)
 	r := bufio.NewReader(c)
 	fmt.Fprintf(c, "GET /one HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n", port)
 	resp, err := readStatus(r)

@@ -50,21 +50,15 @@ func TestBumpHeldRequestAllowPatternPersist(t *testing.T) {
 	// /v2/x is held, as a request, with its full URL.
 	done := make(chan string, 1)
 	go func() { o, _ := curl("/v2/x"); done <- o }()
-	var p []policy.Pending
-	for deadline := time.Now().Add(5 * time.Second); len(p) == 0; p = h.broker.List() {
-		if time.Now().After(deadline) {
-			t.Fatal("no pending approval for /v2/x")
-		}
-		time.Sleep(5 * time.Millisecond)
+	p := h.waitPending(t, 1)
+	if want := fmt.Sprintf("https://api.allowed.test:%d/v2/x", port); p.URL != want || p.Method != "GET" {
+		t.Errorf("pending = %+v, want GET %s", p, want)
 	}
-	if want := fmt.Sprintf("https://api.allowed.test:%d/v2/x", port); p[0].URL != want || p[0].Method != "GET" {
-		t.Errorf("pending = %+v, want GET %s", p[0], want)
-	}
-	if ua := p[0].Headers["User-Agent"]; len(ua) != 1 || !strings.HasPrefix(ua[0], "Go-http-client/") {
-		t.Errorf("pending headers = %v, want the client's User-Agent", p[0].Headers)
+	if ua := p.Headers["User-Agent"]; len(ua) != 1 || !strings.HasPrefix(ua[0], "Go-http-client/") {
+		t.Errorf("pending headers = %v, want the client's User-Agent", p.Headers)
 	}
 	pattern := fmt.Sprintf("api.allowed.test:%d/v2/*", port)
-	if _, err := h.broker.Decide(p[0].ID, policy.Choice{Action: policy.ResolveAllowPattern, Pattern: pattern, Persist: true}); err != nil {
+	if _, err := h.broker.Decide(p.ID, policy.Choice{Action: policy.ResolveAllowPattern, Pattern: pattern, Persist: true}); err != nil {
 		t.Fatal(err)
 	}
 	if out := <-done; out != "internet" {

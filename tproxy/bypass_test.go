@@ -22,6 +22,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 	"github.com/airlockhq/airlock/policy"
 )
@@ -220,12 +221,7 @@ func TestPlainHTTPFrontingIsParsedOrRefused(t *testing.T) {
 		{"HTTP/1.0 without Host, then one with", "GET / HTTP/1.0\r\n\r\nGET / HTTP/1.1\r\nHost: " + other + "\r\n\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			io.WriteString(c, tc.raw)
 			io.Copy(io.Discard, c)
 			for _, s := range up.requests() {
@@ -241,11 +237,7 @@ func TestPlainHTTPFrontingIsParsedOrRefused(t *testing.T) {
 		{"allowed.test:" + fmt.Sprint(port), "200"},
 		{other, "403"},
 	} {
-		c, err := net.Dial("tcp4", h.proxy.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c := h.connect(t, 5*time.Second)
 		if got := h2Request(t, c, "http", tc.authority, "/h2c"); got != tc.want {
 			t.Errorf("h2c :authority %s: %s, want %s", tc.authority, got, tc.want)
 		}
@@ -268,11 +260,7 @@ func TestWebPortCarriesOnlyHTTPAndTLS(t *testing.T) {
 	for _, port := range []uint16{80, 443, 8080, 8443} {
 		h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
 		for _, raw := range []string{"\x00\x01binary", "HELLO\r\n", "SSH-2.0-x y\r\n"} {
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			io.WriteString(c, raw)
 			io.Copy(io.Discard, c)
 			c.Close()
@@ -288,10 +276,8 @@ func TestWebPortCarriesOnlyHTTPAndTLS(t *testing.T) {
 
 func waitRecords(t *testing.T, h *harness, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); len(h.Records()) < n; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("records = %+v, want %d", h.Records(), n)
-		}
+	if !testenv.Poll(5*time.Second, func() bool { return len(h.Records()) >= n }) {
+		t.Fatalf("records = %+v, want %d", h.Records(), n)
 	}
 }
 
@@ -378,12 +364,7 @@ func TestTLSFirstFlightsBuiltByHand(t *testing.T) {
 			port := up.httpsPort
 			h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)),
 				func(c *Config) { c.AllowECH = func() bool { return tc.ech } })
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			// Byte by byte, so that every prefix is read too.
 			for i := range tc.flight {
 				if _, err := c.Write(tc.flight[i : i+1]); err != nil {
@@ -410,27 +391,16 @@ func TestAllowOnceCoversOneRequest(t *testing.T) {
 	up := startUpstream(t)
 	port := up.httpPort
 	h := newHarness(t, up, netip.AddrPortFrom(fake("unknown.test"), port), rules(port), nil)
-	c, err := net.Dial("tcp4", h.proxy.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := h.connect(t, 10*time.Second)
 	r := bufio.NewReader(c)
 	host := fmt.Sprintf("unknown.test:%d", port)
 	pending := func(method, url string) policy.Pending {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			if p := h.broker.List(); len(p) == 1 {
-				if p[0].Method != method || p[0].URL != url {
-					t.Fatalf("pending %s %s, want %s %s", p[0].Method, p[0].URL, method, url)
-				}
-				return p[0]
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no pending approval for %s %s", method, url)
-			}
+		p := h.waitPending(t, 1)
+		if p.Method != method || p.URL != url {
+			t.Fatalf("pending %s %s, want %s %s", p.Method, p.URL, method, url)
 		}
+		return p
 	}
 	fmt.Fprintf(c, "GET /a HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 	p := pending("GET", "http://"+host+"/a")
@@ -497,11 +467,7 @@ func TestSSRFGuardRefusesThisHost(t *testing.T) {
 				}
 				c.IsLocal = func(a netip.Addr) bool { return a == hostAddr }
 			})
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			io.WriteString(c, "hello\r\n")
 			io.Copy(io.Discard, c)
 			c.Close()
@@ -590,11 +556,7 @@ func TestConnectionLimits(t *testing.T) {
 		t.Error("another sandbox's proxy refused a member for this one's load")
 	}
 	held[0].Close()
-	for deadline := time.Now().Add(5 * time.Second); a.proxy.Active() > 4; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("a closed connection kept its place")
-		}
-	}
+	testenv.WaitFor(t, 5*time.Second, "the closed connection to give up its place", func() bool { return a.proxy.Active() <= 4 })
 	if c := dialFrom(a, "127.0.0.2"); refused(c) {
 		t.Error("a member under its limit again was refused")
 	}
@@ -639,12 +601,7 @@ func TestHostHeaderForwardedAsDecided(t *testing.T) {
 	} {
 		t.Run(tc.host, func(t *testing.T) {
 			before := len(up.requests())
-			c, err := net.Dial("tcp4", h.proxy.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c := h.connect(t, 5*time.Second)
 			fmt.Fprintf(c, "GET /h HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", tc.host)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			got := up.requests()[before:]

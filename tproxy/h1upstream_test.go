@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/airlockhq/airlock/internal/testcerts"
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // TestBumpKeepAliveUpstream checks the upstream side of intercepted
@@ -61,8 +62,8 @@ func TestBumpKeepAliveUpstream(t *testing.T) {
 	// The upstream closes its idle connections: the next GET is sent
 	// again on a new one.
 	up.tlsSrv.SetKeepAlivesEnabled(false)
+	testenv.WaitFor(t, 5*time.Second, "the upstream to close its connections", func() bool { return up.tlsClosed.Load() == up.tlsConns.Load() })
 	up.tlsSrv.SetKeepAlivesEnabled(true)
-	time.Sleep(50 * time.Millisecond)
 	want("GET after the upstream closed", "GET", "/v1/d", 200, "internet", 2)
 	want("GET answered with Connection: close", "GET", "/v1/close", 200, "internet", 2)
 	want("GET after Connection: close", "GET", "/v1/e", 200, "internet", 3)
@@ -199,12 +200,14 @@ func laxUpstream(t *testing.T, handle func(c net.Conn, r *http.Request)) (send f
 // push that request's answer onto a third.
 func TestBumpPoolKeepsAnswersApart(t *testing.T) {
 	inject := "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nINJECTED"
+	answered := make(chan struct{}, 16) // the upstream has written all it will for a request
 	send, dial := laxUpstream(t, func(c net.Conn, r *http.Request) {
-		time.Sleep(20 * time.Millisecond)
+		defer func() { answered <- struct{}{} }()
+		time.Sleep(20 * time.Millisecond) // not a wait: a slow upstream
 		switch {
 		case r.Method == "HEAD":
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(inject))
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // not a wait: the stray body comes after the head
 			io.WriteString(c, inject)
 		case r.URL.Path == "/v1/private-b":
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nsecret of b")
@@ -215,9 +218,9 @@ func TestBumpPoolKeepsAnswersApart(t *testing.T) {
 	ca, ra := dial()
 	cb, rb := dial()
 	send(ca, ra, "HEAD", "/v1/evil", "X-HTTP-Method-Override: GET\r\n")
-	time.Sleep(100 * time.Millisecond)
+	<-answered // the stray body is on the connection
 	_, b := send(cb, rb, "GET", "/v1/private-b", "Authorization: Bearer b\r\n")
-	time.Sleep(100 * time.Millisecond)
+	<-answered // so is b's answer, if a stray body took its place
 	_, a := send(ca, ra, "GET", "/v1/a", "")
 	if b != "secret of b" || a != "for a" {
 		t.Errorf("answers mixed up: B got %q, A got %q", b, a)
@@ -228,14 +231,16 @@ func TestBumpPoolKeepsAnswersApart(t *testing.T) {
 // idle kept-alive connection before closing it must not answer the next
 // request with it.
 func TestBumpPoolDropsNoisyIdleConnections(t *testing.T) {
+	noisy := make(chan struct{}, 16) // the upstream has sent its 408
 	send, dial := laxUpstream(t, func(c net.Conn, r *http.Request) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-		time.Sleep(30 * time.Millisecond)
+		time.Sleep(30 * time.Millisecond) // not a wait: the 408 comes while the connection is idle
 		io.WriteString(c, "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+		noisy <- struct{}{}
 	})
 	c, r := dial()
 	send(c, r, "GET", "/v1/1", "")
-	time.Sleep(150 * time.Millisecond)
+	<-noisy
 	if s, b := send(c, r, "GET", "/v1/2", ""); s != 200 || b != "ok" {
 		t.Errorf("second GET: %d %q (the idle connection's 408)", s, b)
 	}

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/airlockhq/airlock/internal/testcerts"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -64,6 +65,7 @@ type upstream struct {
 	seenAt              []time.Time
 	tlsSrv              *http.Server
 	tlsConns            atomic.Int32 // TLS connections accepted
+	tlsClosed           atomic.Int32 // TLS connections closed
 }
 
 func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
@@ -135,8 +137,11 @@ func startUpstream(t *testing.T) *upstream {
 	u.httpPort = uint16(pl.Addr().(*net.TCPAddr).Port)
 	s1 := &http.Server{Handler: http.HandlerFunc(u.handler), TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf}}, ErrorLog: nil,
 		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateNew {
+			switch s {
+			case http.StateNew:
 				u.tlsConns.Add(1)
+			case http.StateClosed:
+				u.tlsClosed.Add(1)
 			}
 		}}
 	u.tlsSrv = s1
@@ -160,6 +165,30 @@ func (h *harness) Records() []Record {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]Record(nil), h.records...)
+}
+
+// connect opens a connection to the proxy as a member would, with a
+// deadline timeout from now; it is closed when the test ends.
+func (h *harness) connect(t *testing.T, timeout time.Duration) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp4", h.proxy.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(timeout))
+	return c
+}
+
+// waitPending waits until the broker holds exactly one approval, with
+// waiting connections or requests waiting on it, and returns it.
+func (h *harness) waitPending(t *testing.T, waiting int) policy.Pending {
+	t.Helper()
+	var p []policy.Pending
+	if !testenv.Poll(5*time.Second, func() bool { p = h.broker.List(); return len(p) == 1 && p[0].Waiting == waiting }) {
+		t.Fatalf("pending = %+v, want one approval with %d waiting", p, waiting)
+	}
+	return p[0]
 }
 
 // newHarness starts a proxy whose every connection claims to have been
@@ -343,32 +372,15 @@ func TestProxyAskAllowOnceReleasesFast(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		go func() { o, e := h.get(t, "https", "unknown.test", up.httpsPort); done <- res{o, e} }()
 	}
-	var p []policy.Pending
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if p = h.broker.List(); len(p) == 1 && p[0].Waiting == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pending = %+v, want one approval with 3 waiting", p)
-		}
-	}
-	if p[0].Host != "unknown.test" || p[0].Port != up.httpsPort {
-		t.Errorf("pending = %+v", p[0])
+	if p := h.waitPending(t, 3); p.Host != "unknown.test" || p.Port != up.httpsPort {
+		t.Errorf("pending = %+v", p)
 	}
 	decided := time.Now()
 	// Allow once lets one connection through; the others are asked about
 	// again, one approval each time.
 	for waiting := 3; waiting > 0; waiting-- {
-		var q []policy.Pending
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			if q = h.broker.List(); len(q) == 1 && q[0].Waiting == waiting {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pending = %+v, want one approval with %d waiting", q, waiting)
-			}
-		}
-		if _, err := h.broker.Decide(q[0].ID, policy.Choice{Action: policy.ResolveAllowOnce}); err != nil {
+		q := h.waitPending(t, waiting)
+		if _, err := h.broker.Decide(q.ID, policy.Choice{Action: policy.ResolveAllowOnce}); err != nil {
 			t.Fatal(err)
 		}
 		if r := <-done; r.err != nil || r.out != "internet" {
@@ -397,12 +409,7 @@ func TestProxyAskDenyAndTimeout(t *testing.T) {
 	h := newHarness(t, up, netip.AddrPortFrom(fake("unknown.test"), up.httpPort), rules(up.httpPort), nil)
 	done := make(chan string, 1)
 	go func() { o, _ := h.get(t, "http", "unknown.test", up.httpPort); done <- o }()
-	for deadline := time.Now().Add(5 * time.Second); len(h.broker.List()) == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no pending approval")
-		}
-	}
-	h.broker.Decide(h.broker.List()[0].ID, policy.Choice{Action: policy.ResolveDeny})
+	h.broker.Decide(h.waitPending(t, 1).ID, policy.Choice{Action: policy.ResolveDeny})
 	if out := <-done; !strings.Contains(out, "denied by a person") {
 		t.Errorf("denied held request got %q", out)
 	}
@@ -453,12 +460,7 @@ func TestProxyServerSpeaksFirst(t *testing.T) {
 	}()
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 	h := newHarness(t, &upstream{}, netip.AddrPortFrom(fake("ssh.test"), port), rules(port, fmt.Sprintf("ssh.test:%d", port)), nil)
-	c, err := net.Dial("tcp4", h.proxy.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c := h.connect(t, 5*time.Second)
 	banner := make([]byte, 14)
 	if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "SSH-2.0-test\r\n" {
 		t.Fatalf("banner %q %v", banner, err)
@@ -492,7 +494,7 @@ func TestProxyBadClients(t *testing.T) {
 				if _, err := c.Write([]byte{b}); err != nil {
 					return
 				}
-				time.Sleep(30 * time.Millisecond)
+				time.Sleep(30 * time.Millisecond) // not a wait: the slowloris sends a byte at a time
 			}
 		}},
 	}
@@ -555,11 +557,7 @@ func TestProxyIdleTimeoutAndDrain(t *testing.T) {
 	c2, _ := net.Dial("tcp4", h.proxy.Addr().String())
 	defer c2.Close()
 	c2.Write([]byte("SSH-2.0-client\r\n"))
-	for deadline := time.Now().Add(5 * time.Second); h.proxy.Active() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the proxy never took the connection")
-		}
-	}
+	testenv.WaitFor(t, 5*time.Second, "the proxy to take the connection", func() bool { return h.proxy.Active() > 0 })
 	start = time.Now()
 	h.proxy.Close()
 	if d := time.Since(start); d > time.Second {

@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
 )
 
 // tcpPair returns the two ends of a loopback TCP connection.
@@ -55,11 +57,7 @@ func TestPipePoolCopy(t *testing.T) {
 				for _, b := range bursts {
 					client.Write(b)
 					// Once the burst is through, the pipe is back in the pool.
-					deadline := time.Now().Add(2 * time.Second)
-					for len(pp.free) != 1 && time.Now().Before(deadline) {
-						time.Sleep(time.Millisecond)
-					}
-					if len(pp.free) != 1 {
+					if !testenv.Poll(2*time.Second, func() bool { return len(pp.free) == 1 }) {
 						t.Errorf("between bursts %d pipes are idle in the pool, want 1 (the copy holds none)", len(pp.free))
 					}
 				}
@@ -93,14 +91,19 @@ func TestPipePoolCopy(t *testing.T) {
 func TestPipePoolCopyEndsWhenClosed(t *testing.T) {
 	pp := newPipePool(4)
 	defer pp.close()
-	_, srcEnd := tcpPair(t)
-	dstEnd, _ := tcpPair(t)
+	client, srcEnd := tcpPair(t)
+	dstEnd, reader := tcpPair(t)
 	done := make(chan error)
 	go func() {
 		_, err := pp.copy(dstEnd, srcEnd)
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	// Once a byte is through, the copy is under way, waiting for the next.
+	client.Write([]byte("x"))
+	reader.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(reader, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
 	srcEnd.Close()
 	select {
 	case err := <-done:

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -299,13 +300,11 @@ func TestApprovalsThroughTheAPI(t *testing.T) {
 		done <- h.sb.broker.Ask(context.Background(), policy.AskRequest{Source: "agent", Host: "api.unknown.com", Port: 443})
 	}()
 	var list []ApprovalView
-	for deadline := time.Now().Add(5 * time.Second); len(list) == 0; time.Sleep(5 * time.Millisecond) {
+	testenv.WaitFor(t, 5*time.Second, "the pending approval to be listed", func() bool {
 		_, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/approvals", "")
 		json.Unmarshal([]byte(body), &list)
-		if time.Now().After(deadline) {
-			t.Fatal("no pending approval listed")
-		}
-	}
+		return len(list) > 0
+	})
 	p := list[0]
 	if p.Host != "api.unknown.com" || p.Source != "agent" || p.SecondsLeft <= 25 || len(p.Suggestions) != 4 {
 		t.Errorf("approval = %+v", p)
@@ -353,6 +352,35 @@ func TestEventsStreamWithin100ms(t *testing.T) {
 	}
 	if lines[1] != "event: approval" || !strings.HasPrefix(lines[2], "data: {") || !strings.Contains(lines[2], `"host":"x.test"`) {
 		t.Errorf("event = %q", lines)
+	}
+}
+
+// TestClientEventsReady: an entry added when Events calls ready is on the
+// stream, so a caller that reads the history in ready misses nothing
+// between the history and the stream (airlock log -f).
+func TestClientEventsReady(t *testing.T) {
+	h := newAPI(t, "")
+	c, err := NewClient(h.ts.URL, h.srv.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var got []string
+	ready := func() error {
+		h.sb.journal.Add(audit.Entry{Kind: audit.KindApproval, Sandbox: "myapp", Host: "x.test", Action: "opened"})
+		return nil
+	}
+	err = c.Events(ctx, "myapp", ready, func(e audit.Entry) {
+		got = append(got, e.Host)
+		cancel()
+	})
+	if err != nil || len(got) != 1 || got[0] != "x.test" {
+		t.Errorf("Events = %v, entries %q; want the entry added in ready", err, got)
+	}
+	refused := errors.New("no history")
+	if err := c.Events(context.Background(), "myapp", func() error { return refused }, func(audit.Entry) {}); err != refused {
+		t.Errorf("Events with a failing ready = %v, want its error", err)
 	}
 }
 

@@ -100,9 +100,11 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	return json.Unmarshal(b, out)
 }
 
-// Events calls f for each entry on a sandbox's event stream until ctx
-// ends or the stream does.
-func (c *Client) Events(ctx context.Context, sandbox string, f func(audit.Entry)) error {
+// Events opens a sandbox's event stream, calls ready (when not nil) once
+// the stream holds every entry added from then on, then f for each entry
+// until ctx ends or the stream does. An error from ready closes the stream
+// and is returned.
+func (c *Client) Events(ctx context.Context, sandbox string, ready func() error, f func(audit.Entry)) error {
 	req, err := http.NewRequestWithContext(ctx, "GET", c.base+"/api/v1/sandboxes/"+url.PathEscape(sandbox)+"/events", nil)
 	if err != nil {
 		return err
@@ -120,6 +122,13 @@ func (c *Client) Events(ctx context.Context, sandbox string, f func(audit.Entry)
 		ae := &APIError{Status: resp.StatusCode}
 		json.Unmarshal(b, ae)
 		return ae
+	}
+	// airlockd subscribes before it answers: entries from here on are on
+	// the stream.
+	if ready != nil {
+		if err := ready(); err != nil {
+			return err
+		}
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)

@@ -424,10 +424,6 @@ func cmdLog(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 		q.Set("verdict", flagVer)
 	}
 	q.Set("limit", fmt.Sprint(flagLimit))
-	var es []audit.Entry
-	if err := c.Do(ctx, "GET", sbPath(a[0], "/requests?"+q.Encode()), nil, &es); err != nil {
-		return err
-	}
 	show := func(e audit.Entry) {
 		if cm.json {
 			b, _ := json.Marshal(e)
@@ -436,13 +432,27 @@ func cmdLog(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 		}
 		fmt.Fprintln(stdout, logLine(e))
 	}
-	for _, e := range es {
-		show(e)
-	}
-	if !flagFollow {
+	shown := map[uint64]bool{} // the history's entries, by Seq
+	history := func() error {
+		var es []audit.Entry
+		if err := c.Do(ctx, "GET", sbPath(a[0], "/requests?"+q.Encode()), nil, &es); err != nil {
+			return err
+		}
+		for _, e := range es {
+			show(e)
+			shown[e.Seq] = true
+		}
 		return nil
 	}
-	return c.Events(ctx, a[0], func(e audit.Entry) {
+	if !flagFollow {
+		return history()
+	}
+	// The history is read once the stream is open, so that no entry falls
+	// between the two; one that is in both is shown once.
+	return c.Events(ctx, a[0], history, func(e audit.Entry) {
+		if shown[e.Seq] {
+			return
+		}
 		if (e.Kind == audit.KindConnection || e.Kind == audit.KindRequest || e.Kind == audit.KindApproval) &&
 			(flagSource == "" || e.Source == flagSource) && (flagVer == "" || e.Verdict == flagVer) {
 			show(e)

@@ -18,6 +18,8 @@ const maxKeys = 4096
 type Limiter struct {
 	// Every is the interval; 0 means 10 s.
 	Every time.Duration
+	// now is the clock; nil means time.Now. Tests set it.
+	now func() time.Time
 
 	// mu guards the following fields.
 	mu         sync.Mutex
@@ -33,18 +35,22 @@ func (l *Limiter) Log(log *slog.Logger, key, msg string, attrs ...any) bool {
 	if every == 0 {
 		every = 10 * time.Second
 	}
-	now := time.Now()
+	now := time.Now
+	if l.now != nil {
+		now = l.now
+	}
+	at := now()
 	l.mu.Lock()
 	if l.last == nil || len(l.last) >= maxKeys {
 		l.last, l.suppressed = map[string]time.Time{}, map[string]int{}
 	}
-	if t, ok := l.last[key]; ok && now.Sub(t) < every {
+	if t, ok := l.last[key]; ok && at.Sub(t) < every {
 		l.suppressed[key]++
 		l.mu.Unlock()
 		return false
 	}
 	left := l.suppressed[key]
-	l.last[key], l.suppressed[key] = now, 0
+	l.last[key], l.suppressed[key] = at, 0
 	l.mu.Unlock()
 	log.Warn(msg, append(attrs, "left_out", left, "interval", every)...)
 	return true

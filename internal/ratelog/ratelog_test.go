@@ -11,12 +11,17 @@ import (
 func TestOncePerIntervalPerKey(t *testing.T) {
 	var out bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
-	l := &Limiter{Every: 50 * time.Millisecond}
+	clock := time.Now()
+	l := &Limiter{Every: 50 * time.Millisecond, now: func() time.Time { return clock }}
 	for range 100 {
 		l.Log(log, "a", "refused")
 	}
 	l.Log(log, "b", "refused")
-	time.Sleep(60 * time.Millisecond)
+	clock = clock.Add(49 * time.Millisecond)
+	if l.Log(log, "b", "refused") {
+		t.Error("b logged again within the interval")
+	}
+	clock = clock.Add(time.Millisecond)
 	l.Log(log, "a", "refused")
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 3 || !strings.Contains(lines[0], "left_out=0") || !strings.Contains(lines[2], "left_out=99") {

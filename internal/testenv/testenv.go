@@ -1,7 +1,9 @@
-// Package testenv holds the helpers that decide whether a test can run here:
-// privileged tests (root, network namespaces, nftables, Docker) go through
-// Privileged, which skips them on a developer's unprivileged machine and fails
-// them where they must run (CI, `make test`).
+// Package testenv holds the helpers every package's tests share. Privileged
+// decides whether a test can run here: privileged tests (root, network
+// namespaces, nftables, Docker) go through it, which skips them on a
+// developer's unprivileged machine and fails them where they must run (CI,
+// `make test`). WaitFor and Poll wait on an event with a deadline, so that no
+// test sleeps first and hopes.
 package testenv
 
 import (

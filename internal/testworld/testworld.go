@@ -484,17 +484,24 @@ func (w *World) startDaemon(inHost bool, cfg string, env ...string) *Daemon {
 		<-d.done
 		w.t.Logf("airlockd log:\n%s", d.Log.String())
 	})
-	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(d.Log.String(), "airlockd ready") {
+	exited := false
+	ready := testenv.Poll(15*time.Second, func() bool {
+		if strings.Contains(d.Log.String(), "airlockd ready") {
+			return true
+		}
 		select {
 		case <-d.done:
-			w.t.Fatalf("airlockd exited:\n%s", d.Log.String())
+			exited = true
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("airlockd not ready after 15 s:\n%s", d.Log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+	})
+	switch {
+	case exited:
+		w.t.Fatalf("airlockd exited:\n%s", d.Log.String())
+	case !ready:
+		w.t.Fatalf("airlockd not ready after 15 s:\n%s", d.Log.String())
 	}
 	return d
 }
@@ -503,14 +510,8 @@ func (w *World) startDaemon(inHost bool, cfg string, env ...string) *Daemon {
 // (records are written when the proxy is done with a connection or request,
 // which may be just after the client is) and returns the log.
 func (d *Daemon) WaitLog(sub string, n int) string {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		log := d.Log.String()
-		if strings.Count(log, sub) >= n || time.Now().After(deadline) {
-			return log
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Poll(5*time.Second, func() bool { return strings.Count(d.Log.String(), sub) >= n })
+	return d.Log.String()
 }
 
 // Kill kills airlockd with SIGKILL and waits for it to be gone.
