@@ -5,13 +5,17 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
+	"github.com/airlockhq/airlock/netns"
 )
 
 const (
@@ -216,11 +220,14 @@ func TestNothingElseLeaves(t *testing.T) {
 	run := func(argv ...string) testworld.Result {
 		return w.Run(cfg, sbA, "agent", 30*time.Second, argv...)
 	}
+	finalDrop := regexp.MustCompile(`^\s*counter packets \d+ bytes \d+ drop`)
+	dropped := ruleCounter(t, w, "inet", "pre-al-"+sbA, finalDrop)
 	if r := run(ping, "-c", "1", "-W", "2", testworld.InetRouter); r.Code == 0 {
 		t.Errorf("ping %s succeeded from a sandbox:\n%s", testworld.InetRouter, r.Stdout)
 	}
 	// QUIC-like UDP to 443, other UDP, and non-DNS bytes to port 53 of an
-	// internet host, through bash's /dev/udp.
+	// internet host, through bash's /dev/udp. The ping and the two
+	// datagrams not to port 53 end at the bridge pass's last drop.
 	run("bash", "-c", "echo quic > /dev/udp/"+testworld.WebAddr+"/443; echo hello > /dev/udp/"+testworld.WebAddr+"/9999; echo notdns > /dev/udp/"+testworld.UDP53Addr+"/53; sleep 0.5")
 	// TCP straight to internet hosts, the private service and the metadata
 	// service by IP: no rule of sba allows a raw IP, so each is refused
@@ -234,7 +241,9 @@ func TestNothingElseLeaves(t *testing.T) {
 	if r := run(os.Args[0], "-test.run=^TestMemberHelper$", "--", "dial", testworld.WebAddr+":80"); !strings.Contains(r.Stdout, "refused") {
 		t.Errorf("Go client dial: %q %q", r.Stdout, r.Stderr)
 	}
-	time.Sleep(500 * time.Millisecond)
+	if !testenv.Poll(2*time.Second, func() bool { return ruleCounter(t, w, "inet", "pre-al-"+sbA, finalDrop) >= dropped+3 }) {
+		t.Errorf("the bridge pass dropped %d packets, want the ping and two datagrams (3)", ruleCounter(t, w, "inet", "pre-al-"+sbA, finalDrop)-dropped)
+	}
 	for _, l := range w.Reached() {
 		t.Errorf("reached the internet: %s", l)
 	}
@@ -294,12 +303,11 @@ func TestNoIPv6NoSpoofing(t *testing.T) {
 	}
 	sh("ip", "netns", "exec", rogue, "dig", "+tries=1", "+time=1", "@10.88.0.1", "spoofed.test")
 	sh("ip", "netns", "exec", rogue, "curl", "-s", "-m", "2", "http://"+testworld.WebAddr+"/")
-	time.Sleep(300 * time.Millisecond)
-	if after := dropCount(t, w, "nfproto ipv6"); after <= before {
-		t.Errorf("IPv6 drop counter %d → %d: the forced packets were not seen and dropped", before, after)
+	if !testenv.Poll(2*time.Second, func() bool { return dropCount(t, w, "nfproto ipv6") > before }) {
+		t.Errorf("IPv6 drop counter stayed at %d: the forced packets were not seen and dropped", before)
 	}
-	if after := dropCount(t, w, "saddr != 10.88.0.0/24"); after < spoofBefore+2 {
-		t.Errorf("spoofed-source drop counter %d → %d: want the DNS query and the SYN dropped", spoofBefore, after)
+	if !testenv.Poll(2*time.Second, func() bool { return dropCount(t, w, "saddr != 10.88.0.0/24") >= spoofBefore+2 }) {
+		t.Errorf("spoofed-source drop counter %d → %d: want the DNS query and the SYN dropped", spoofBefore, dropCount(t, w, "saddr != 10.88.0.0/24"))
 	}
 	if strings.Contains(d.Log.String(), "spoofed.test") {
 		t.Error("a query from a spoofed source reached the gate")
@@ -372,13 +380,24 @@ func TestIsolation(t *testing.T) {
 	// Members: a listener in A (first address), a listener in B.
 	waitA := w.Start(cfg, sbA, "server-a", 30*time.Second, os.Args[0], "-test.run=^TestMemberHelper$", "--", "listen", ":8080", "8")
 	waitB := w.Start(cfg, sbB, "server-b", 30*time.Second, os.Args[0], "-test.run=^TestMemberHelper$", "--", "listen", ":8080", "8")
-	time.Sleep(1500 * time.Millisecond)
 	run := func(sb string, argv ...string) testworld.Result {
 		return w.Run(cfg, sb, "client", 20*time.Second, argv...)
 	}
+	// Each server holds its sandbox's first address before a client comes
+	// (leases take turns), and is up once a client of its own sandbox is
+	// answered (curl retries a refused connection until it listens).
+	for _, m := range []struct{ sb, addr, source string }{{sbA, "10.88.0.2", "server-a"}, {sbB, "10.88.1.2", "server-b"}} {
+		dir := filepath.Join(w.Dir, "run", "leases", m.sb)
+		testenv.WaitFor(t, 10*time.Second, m.source+"'s lease", func() bool {
+			return netns.LeaseSource(dir, netip.MustParseAddr(m.addr)) == m.source
+		})
+	}
 	// Two members of the same sandbox reach each other (TCP and ICMP).
-	if r := run(sbA, "curl", "-sS", "-m", "5", "http://10.88.0.2:8080/"); r.Code != 0 || !strings.Contains(r.Stdout, "member") {
+	if r := run(sbA, "curl", "-sS", "-m", "15", "--retry", "50", "--retry-connrefused", "--retry-delay", "0", "--retry-max-time", "15", "http://10.88.0.2:8080/"); r.Code != 0 || !strings.Contains(r.Stdout, "member") {
 		t.Errorf("member to member in one sandbox: %d %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	if r := run(sbB, "curl", "-sS", "-m", "15", "--retry", "50", "--retry-connrefused", "--retry-delay", "0", "--retry-max-time", "15", "http://10.88.1.2:8080/"); r.Code != 0 || !strings.Contains(r.Stdout, "member") {
+		t.Errorf("member to member in sandbox B: %d %q %q", r.Code, r.Stdout, r.Stderr)
 	}
 	if r := run(sbA, ping, "-c", "1", "-W", "2", "10.88.0.2"); r.Code != 0 {
 		t.Errorf("ping between members of one sandbox failed: %s %s", r.Stdout, r.Stderr)
@@ -403,8 +422,8 @@ func TestIsolation(t *testing.T) {
 	if r := waitA(); !strings.Contains(r.Stdout, "accepted") {
 		t.Errorf("sandbox A's server saw no connection: %q %q", r.Stdout, r.Stderr)
 	}
-	if r := waitB(); strings.Contains(r.Stdout, "accepted") {
-		t.Errorf("sandbox B's server was reached: %q", r.Stdout)
+	if r := waitB(); strings.Contains(r.Stdout, "accepted from 10.88.0.") {
+		t.Errorf("sandbox B's server was reached from sandbox A: %q", r.Stdout)
 	}
 }
 
