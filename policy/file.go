@@ -427,6 +427,10 @@ func (d *decoder) sandbox(n *yaml.Node, s *Spec) error {
 		"resources": func(p string, v *yaml.Node) error {
 			return d.resources(p, v, &s.Resources)
 		},
+		"sessions": func(p string, v *yaml.Node) (err error) {
+			s.Sessions, err = d.sessions(p, v)
+			return err
+		},
 	})
 	if err != nil {
 		return err
@@ -695,35 +699,37 @@ func (d *decoder) mcpServers(path string, n *yaml.Node) ([]MCPServer, error) {
 }
 
 func (d *decoder) resources(path string, n *yaml.Node, r *Resources) error {
-	limits := func(l *Limits) func(string, *yaml.Node) error {
-		return func(p string, v *yaml.Node) error {
-			return d.fields(v, p, map[string]func(string, *yaml.Node) error{
-				"memory_mb": func(p string, v *yaml.Node) error {
-					mb, err := d.int(p, v, 1, maxMemoryMB)
-					l.MemoryMB = int(mb)
-					return err
-				},
-				"cpus": func(p string, v *yaml.Node) (err error) {
-					l.CPUs, err = d.float(p, v, maxCPUs)
-					return err
-				},
-				"pids": func(p string, v *yaml.Node) error {
-					n, err := d.int(p, v, 8, 1<<16)
-					l.Pids = int(n)
-					return err
-				},
-			})
-		}
-	}
 	return d.fields(n, path, map[string]func(string, *yaml.Node) error{
-		"agent": limits(&r.Agent),
-		"mcp":   limits(&r.MCP),
+		"agent": d.limits(&r.Agent),
+		"mcp":   d.limits(&r.MCP),
 		"run_timeout": func(p string, v *yaml.Node) error {
 			secs, err := d.int(p, v, 1, int64(maxRunTimeout/time.Second))
 			r.RunTimeout = time.Duration(secs) * time.Second
 			return err
 		},
 	})
+}
+
+// limits reads a member's memory_mb, cpus and pids into l.
+func (d *decoder) limits(l *Limits) func(string, *yaml.Node) error {
+	return func(p string, v *yaml.Node) error {
+		return d.fields(v, p, map[string]func(string, *yaml.Node) error{
+			"memory_mb": func(p string, v *yaml.Node) error {
+				mb, err := d.int(p, v, 1, maxMemoryMB)
+				l.MemoryMB = int(mb)
+				return err
+			},
+			"cpus": func(p string, v *yaml.Node) (err error) {
+				l.CPUs, err = d.float(p, v, maxCPUs)
+				return err
+			},
+			"pids": func(p string, v *yaml.Node) error {
+				n, err := d.int(p, v, 8, 1<<16)
+				l.Pids = int(n)
+				return err
+			},
+		})
+	}
 }
 
 // lineBreaks refuses line breaks other than LF and CRLF. YAML also breaks
