@@ -425,7 +425,7 @@ func (m *Manager) env(entries []string, task string) []string {
 }
 
 // Files returns files of a session's workspace.
-func (m *Manager) Files(req FilesRequest) (FilesResult, error) {
+func (m *Manager) Files(_ context.Context, req FilesRequest) (FilesResult, error) {
 	m.mu.Lock()
 	s, err := m.lookupLocked(req.SessionID, req.UserID)
 	m.mu.Unlock()
@@ -441,7 +441,7 @@ func (m *Manager) Files(req FilesRequest) (FilesResult, error) {
 
 // Cleanup ends a session: a running task is killed, then the workspace is
 // removed.
-func (m *Manager) Cleanup(req CleanupRequest) (CleanupResult, error) {
+func (m *Manager) Cleanup(ctx context.Context, req CleanupRequest) (CleanupResult, error) {
 	m.mu.Lock()
 	s, err := m.lookupLocked(req.SessionID, req.UserID)
 	if err != nil {
@@ -456,7 +456,11 @@ func (m *Manager) Cleanup(req CleanupRequest) (CleanupResult, error) {
 	m.mu.Unlock()
 	if s.busy && cancel != nil {
 		cancel()
-		<-done
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return CleanupResult{}, fmt.Errorf("session %s: its task is still ending: %w", s.ID, ctx.Err())
+		}
 	}
 	if err := os.RemoveAll(m.dir(s.ID)); err != nil {
 		return CleanupResult{}, fmt.Errorf("remove the workspace of session %s: %w", s.ID, err)
@@ -480,7 +484,7 @@ func (m *Manager) expire(id string) {
 }
 
 // Get returns one session.
-func (m *Manager) Get(id, user string) (Info, error) {
+func (m *Manager) Get(_ context.Context, id, user string) (Info, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, err := m.lookupLocked(id, user)
@@ -491,7 +495,7 @@ func (m *Manager) Get(id, user string) (Info, error) {
 }
 
 // List returns the sessions of user, or all with "", oldest first.
-func (m *Manager) List(req ListRequest) ListResult {
+func (m *Manager) List(_ context.Context, req ListRequest) (ListResult, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := []Info{}
@@ -502,7 +506,7 @@ func (m *Manager) List(req ListRequest) ListResult {
 		}
 	}
 	slices.SortFunc(out, func(a, b Info) int { return a.Created.Compare(b.Created) })
-	return ListResult{Sessions: out}
+	return ListResult{Sessions: out}, nil
 }
 
 func (s *session) info(now time.Time) Info {

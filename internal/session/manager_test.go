@@ -139,7 +139,7 @@ func TestExecute(t *testing.T) {
 	if task.Member != "session:"+res.SessionID || task.Timeout != 5*time.Second {
 		t.Errorf("task %+v", task)
 	}
-	files, err := m.Files(FilesRequest{SessionID: res.SessionID, Paths: []string{"out/copy.txt", "./in.txt"}})
+	files, err := m.Files(ctx, FilesRequest{SessionID: res.SessionID, Paths: []string{"out/copy.txt", "./in.txt"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,27 +168,27 @@ func TestExecute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := m.List(ListRequest{UserID: "alice"}).Sessions; len(got) != 1 || got[0].SessionID != res.SessionID || got[0].Tasks != 2 || got[0].LastStatus != StatusFailed {
+	if got := list(m, ListRequest{UserID: "alice"}); len(got) != 1 || got[0].SessionID != res.SessionID || got[0].Tasks != 2 || got[0].LastStatus != StatusFailed {
 		t.Errorf("alice's sessions %+v", got)
 	}
-	if got := m.List(ListRequest{}).Sessions; len(got) != 2 {
+	if got := list(m, ListRequest{}); len(got) != 2 {
 		t.Errorf("all sessions %+v", got)
 	}
 	if _, err := m.Execute(ctx, ExecuteRequest{Task: "say hi", UserID: "alice", SessionID: other.SessionID}); kindOf(err) != OtherUser {
 		t.Errorf("alice in bob's session: %v", err)
 	}
-	if _, err := m.Files(FilesRequest{SessionID: other.SessionID, UserID: "alice", Paths: []string{"x"}}); kindOf(err) != OtherUser {
+	if _, err := m.Files(ctx, FilesRequest{SessionID: other.SessionID, UserID: "alice", Paths: []string{"x"}}); kindOf(err) != OtherUser {
 		t.Errorf("alice reading bob's session: %v", err)
 	}
 
 	// Cleanup removes the workspace; the session is then unknown.
-	if _, err := m.Cleanup(CleanupRequest{SessionID: res.SessionID}); err != nil {
+	if _, err := m.Cleanup(ctx, CleanupRequest{SessionID: res.SessionID}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(m.dir(res.SessionID)); !os.IsNotExist(err) {
 		t.Errorf("workspace still there: %v", err)
 	}
-	if _, err := m.Files(FilesRequest{SessionID: res.SessionID, Paths: []string{"in.txt"}}); kindOf(err) != NotFound {
+	if _, err := m.Files(ctx, FilesRequest{SessionID: res.SessionID, Paths: []string{"in.txt"}}); kindOf(err) != NotFound {
 		t.Errorf("files of a cleaned-up session: %v", err)
 	}
 }
@@ -227,7 +227,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{name: "new session with a bad file", req: ExecuteRequest{Task: "t", UserID: "carol", Files: []UploadFile{{Path: "../x", Content: b64("x")}}}, kind: BadInput, msg: ".. segment"},
 	}
 	before, _ := workspace{dir: m.workdir(id)}.snapshot()
-	info, _ := m.Get(id, "")
+	info, _ := m.Get(ctx, id, "")
 	tasks := len(r.tasks)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -244,7 +244,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
 		t.Errorf("a refused upload wrote outside the workspace: %v", ents)
 	}
-	if info2, _ := m.Get(id, ""); info2.LastUsed != info.LastUsed || info2.Tasks != info.Tasks || m.Count() != 1 || len(r.tasks) != tasks {
+	if info2, _ := m.Get(ctx, id, ""); info2.LastUsed != info.LastUsed || info2.Tasks != info.Tasks || m.Count() != 1 || len(r.tasks) != tasks {
 		t.Errorf("refused requests changed the table: %+v → %+v, %d sessions, %d tasks", info, info2, m.Count(), len(r.tasks))
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
@@ -267,18 +267,18 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}
 	for _, tt := range reads {
 		t.Run("read "+tt.name, func(t *testing.T) {
-			_, err := m.Files(FilesRequest{SessionID: id, Paths: tt.paths})
+			_, err := m.Files(ctx, FilesRequest{SessionID: id, Paths: tt.paths})
 			if kindOf(err) != BadInput || !strings.Contains(err.Error(), tt.msg) {
 				t.Errorf("error %v, want one saying %q", err, tt.msg)
 			}
 		})
 	}
 	// A link inside the workspace to a file inside it is fine.
-	if got, err := m.Files(FilesRequest{SessionID: id, Paths: []string{"inside"}}); err != nil || got.Files[0].Content != b64("a") {
+	if got, err := m.Files(ctx, FilesRequest{SessionID: id, Paths: []string{"inside"}}); err != nil || got.Files[0].Content != b64("a") {
 		t.Errorf("read through an inside link: %+v %v", got, err)
 	}
 	os.WriteFile(filepath.Join(m.workdir(id), "huge"), make([]byte, MaxReadFile+1), 0o644)
-	if _, err := m.Files(FilesRequest{SessionID: id, Paths: []string{"huge"}}); kindOf(err) != BadInput || !strings.Contains(err.Error(), "cap of one file") {
+	if _, err := m.Files(ctx, FilesRequest{SessionID: id, Paths: []string{"huge"}}); kindOf(err) != BadInput || !strings.Contains(err.Error(), "cap of one file") {
 		t.Errorf("read over the cap: %v", err)
 	}
 }
@@ -305,7 +305,7 @@ func TestBusyTimeoutAndLimit(t *testing.T) {
 	if _, err := m.Execute(ctx, ExecuteRequest{Task: "say", UserID: "alice", SessionID: res.SessionID}); kindOf(err) != Busy {
 		t.Errorf("a task in a busy session: %v", err)
 	}
-	if got := m.List(ListRequest{}).Sessions[0].Status; got != "busy" {
+	if got := list(m, ListRequest{})[0].Status; got != "busy" {
 		t.Errorf("status %q, want busy", got)
 	}
 	for range 2 {
@@ -317,7 +317,7 @@ func TestBusyTimeoutAndLimit(t *testing.T) {
 		t.Errorf("a fourth session with max_sessions 3: %v", err)
 	}
 	// Cleaning up a busy session ends its task first.
-	if _, err := m.Cleanup(CleanupRequest{SessionID: res.SessionID}); err != nil {
+	if _, err := m.Cleanup(ctx, CleanupRequest{SessionID: res.SessionID}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -347,7 +347,7 @@ func TestIdleCleanupAndRestart(t *testing.T) {
 	if r2.swept != 1 {
 		t.Errorf("Start swept %d times, want 1", r2.swept)
 	}
-	if got := m2.List(ListRequest{UserID: "alice"}).Sessions; len(got) != 1 || got[0].SessionID != keep.SessionID {
+	if got := list(m2, ListRequest{UserID: "alice"}); len(got) != 1 || got[0].SessionID != keep.SessionID {
 		t.Errorf("adopted %+v", got)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "stray")); !os.IsNotExist(err) {
@@ -363,7 +363,7 @@ func TestIdleCleanupAndRestart(t *testing.T) {
 	}
 	for deadline := time.Now().Add(10 * time.Second); m3.Count() > 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("idle sessions stayed: %+v", m3.List(ListRequest{}))
+			t.Fatalf("idle sessions stayed: %+v", list(m3, ListRequest{}))
 		}
 	}
 	for _, id := range []string{idle.SessionID, keep.SessionID} {
@@ -389,4 +389,9 @@ type tlogWriter struct{ t *testing.T }
 func (w tlogWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+func list(m *Manager, req ListRequest) []Info {
+	res, _ := m.List(context.Background(), req)
+	return res.Sessions
 }
