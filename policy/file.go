@@ -624,25 +624,8 @@ func (d *decoder) mcpServers(path string, n *yaml.Node) ([]MCPServer, error) {
 				}
 				return nil
 			},
-			"image": func(p string, v *yaml.Node) (err error) {
-				if srv.Image, err = d.str(p, v); err != nil {
-					return err
-				}
-				if srv.Image == "" || strings.ContainsFunc(srv.Image, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
-					return d.errorf(v, p, "want an image reference such as ghcr.io/github/github-mcp-server:latest")
-				}
-				return nil
-			},
-			"command": func(p string, v *yaml.Node) error {
-				return d.items(v, p, func(p string, v *yaml.Node) error {
-					arg, err := d.str(p, v)
-					if err == nil && strings.ContainsRune(arg, 0) {
-						err = d.errorf(v, p, "holds a NUL byte")
-					}
-					srv.Command = append(srv.Command, arg)
-					return err
-				})
-			},
+			"image":   d.image(&srv.Image, "ghcr.io/github/github-mcp-server:latest"),
+			"command": d.command(&srv.Command),
 			"env": func(p string, v *yaml.Node) error {
 				if v.Kind != yaml.MappingNode {
 					return d.errorf(v, p, "want a mapping of NAME: value, got %s", describeNode(v))
@@ -696,6 +679,33 @@ func (d *decoder) mcpServers(path string, n *yaml.Node) ([]MCPServer, error) {
 		return nil
 	})
 	return servers, err
+}
+
+// image reads an image reference into dst.
+func (d *decoder) image(dst *string, example string) func(string, *yaml.Node) error {
+	return func(p string, v *yaml.Node) (err error) {
+		if *dst, err = d.str(p, v); err != nil {
+			return err
+		}
+		if *dst == "" || strings.ContainsFunc(*dst, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+			return d.errorf(v, p, "want an image reference such as %s", example)
+		}
+		return nil
+	}
+}
+
+// command reads a list of arguments into dst.
+func (d *decoder) command(dst *[]string) func(string, *yaml.Node) error {
+	return func(p string, v *yaml.Node) error {
+		return d.items(v, p, func(p string, v *yaml.Node) error {
+			arg, err := d.str(p, v)
+			if err == nil && strings.ContainsRune(arg, 0) {
+				err = d.errorf(v, p, "holds a NUL byte")
+			}
+			*dst = append(*dst, arg)
+			return err
+		})
+	}
 }
 
 func (d *decoder) resources(path string, n *yaml.Node, r *Resources) error {

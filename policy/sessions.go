@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"gopkg.in/yaml.v3"
 )
@@ -101,25 +100,8 @@ func (d *decoder) sessions(path string, n *yaml.Node) (*Sessions, error) {
 	}
 	var env map[string]int // name → line
 	err := d.fields(n, path, map[string]func(string, *yaml.Node) error{
-		"image": func(p string, v *yaml.Node) (err error) {
-			if s.Image, err = d.str(p, v); err != nil {
-				return err
-			}
-			if s.Image == "" || strings.ContainsFunc(s.Image, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
-				return d.errorf(v, p, "want an image reference such as my-agent:1.0")
-			}
-			return nil
-		},
-		"command": func(p string, v *yaml.Node) error {
-			return d.items(v, p, func(p string, v *yaml.Node) error {
-				arg, err := d.str(p, v)
-				if err == nil && strings.ContainsRune(arg, 0) {
-					err = d.errorf(v, p, "holds a NUL byte")
-				}
-				s.Command = append(s.Command, arg)
-				return err
-			})
-		},
+		"image":   d.image(&s.Image, "my-agent:1.0"),
+		"command": d.command(&s.Command),
 		"env": func(p string, v *yaml.Node) error {
 			env = map[string]int{}
 			return d.items(v, p, func(p string, v *yaml.Node) error {
