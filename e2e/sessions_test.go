@@ -18,7 +18,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/airlockhq/airlock/internal/session"
-	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
@@ -162,18 +161,7 @@ func basics(t *testing.T, cs *mcp.ClientSession) {
 }
 
 func TestSessionsMCP(t *testing.T) {
-	testenv.Privileged(t)
-	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
-		if os.Getenv(testenv.RequireEnv) != "" {
-			t.Fatalf("no Docker Engine: %v %s", err, out)
-		}
-		t.Skipf("no Docker Engine: %v", err)
-	}
-	if out, err := exec.Command("nft", "list", "table", "inet", "airlock").CombinedOutput(); err == nil {
-		t.Fatalf("an nftables table inet airlock exists in the host's namespace: is airlockd running on this machine? TestSessionsMCP needs that namespace to itself\n%.300s", out)
-	}
-	w := testworld.New(t)
-	w.RouteRoot()
+	w := rootWorld(t)
 	agentImage(t)
 	pol1, pol2 := filepath.Join(w.Dir, "ses1.yaml"), filepath.Join(w.Dir, "ses2.yaml")
 	write(t, pol1, `sandbox:
@@ -314,6 +302,19 @@ func TestSessionsMCP(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatal("the session never became busy")
 			}
+		}
+		// The member is hardened as airlock docker run makes them.
+		// (Busy comes before its container starts.)
+		var out []byte
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			out, err = exec.Command("docker", "inspect", "--format", "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapDrop}} {{.HostConfig.SecurityOpt}} {{.Config.User}} {{index .Config.Labels \"airlock.source\"}} {{.HostConfig.PidsLimit}} {{.HostConfig.Memory}} {{range .Mounts}}{{if eq .Destination \"/workspace\"}}rw={{.RW}}{{end}}{{end}}", "airlock-"+ses1+"-session-"+id).CombinedOutput()
+			if err == nil {
+				break
+			}
+		}
+		if want := fmt.Sprintf("true [ALL] [no-new-privileges:true] 65534:65534 session:%s 64 134217728 rw=true", id); err != nil || strings.TrimSpace(string(out)) != want {
+			t.Errorf("session member: %v %q, want %q", err, out, want)
 		}
 		if msg := callTool(t, cs, "execute_task", session.ExecuteRequest{Task: "write x y", UserID: "erin", SessionID: id}, nil); !strings.Contains(msg, "running a task") {
 			t.Errorf("a task in a busy session: %q", msg)
