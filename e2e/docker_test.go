@@ -85,7 +85,12 @@ func waitRecord(t *testing.T, token, sandbox, kinds, source string, ok func(audi
 	return audit.Entry{}
 }
 
-func TestDocker(t *testing.T) {
+// rootWorld is the test world of a test that runs airlockd beside the
+// Docker Engine. The engine's containers live in the machine's own
+// namespace, so the test's airlockd does too, and its rule set is the
+// host's: the test needs that namespace to itself.
+func rootWorld(t *testing.T) *testworld.World {
+	t.Helper()
 	testenv.Privileged(t)
 	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
 		if os.Getenv(testenv.RequireEnv) != "" {
@@ -93,13 +98,16 @@ func TestDocker(t *testing.T) {
 		}
 		t.Skipf("no Docker Engine: %v", err)
 	}
-	// The engine's containers live in the machine's own namespace, so this
-	// test's airlockd does too, and its rule set is the host's.
 	if out, err := exec.Command("nft", "list", "table", "inet", "airlock").CombinedOutput(); err == nil {
-		t.Fatalf("an nftables table inet airlock exists in the host's namespace: is airlockd running on this machine? TestDocker needs that namespace to itself (airlockd --teardown removes a stale table)\n%.300s", out)
+		t.Fatalf("an nftables table inet airlock exists in the host's namespace: is airlockd running on this machine? %s needs that namespace to itself (airlockd --teardown removes a stale table)\n%.300s", t.Name(), out)
 	}
 	w := testworld.New(t)
 	w.RouteRoot()
+	return w
+}
+
+func TestDocker(t *testing.T) {
+	w := rootWorld(t)
 	probeImage(t)
 
 	pol1, pol2 := filepath.Join(w.Dir, "dk1.yaml"), filepath.Join(w.Dir, "dk2.yaml")

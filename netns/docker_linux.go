@@ -38,8 +38,11 @@ const (
 	// LabelSandbox marks networks and containers airlock made for a sandbox.
 	LabelSandbox = "airlock.sandbox"
 	// LabelManaged marks containers airlock started itself: "member" for a
-	// one-off member, "sidecar" for an MCP server it keeps running.
+	// one-off member, "sidecar" for an MCP server it keeps running,
+	// "session" for a task of a session.
 	LabelManaged = "airlock.managed"
+	// LabelSession names the session whose task a container runs.
+	LabelSession = "airlock.session"
 )
 
 // DockerNetworkName is the Docker network of a sandbox.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/docker/docker/api/types"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/network"
@@ -51,8 +52,16 @@ type Launch struct {
 	CPUs      float64
 	PidsLimit int64 // 0 means 256
 	// Workspace, when set, is a host directory mounted read-only at
-	// /workspace.
-	Workspace string
+	// /workspace (read-write with WorkspaceRW).
+	Workspace   string
+	WorkspaceRW bool
+	// Session, when set, makes the member a session's (airlock.managed
+	// "session", airlock.session the ID): airlockd's sessions supervise it,
+	// not the run timeout of one-off members.
+	Session string
+	// Stdin, when set, is written to the member's standard input, which
+	// then ends.
+	Stdin string
 	// CAFile and CABundle are host files: the sandbox CA and the bundle of
 	// system roots plus it. They are mounted read-only and named in CAEnv.
 	CAFile, CABundle string
@@ -146,8 +155,11 @@ func (d *Docker) Launch(ctx context.Context, l Launch) (string, error) {
 		env = append(env, k+"="+f)
 	}
 	labels := map[string]string{LabelSandbox: l.Sandbox, LabelManaged: "member"}
-	if l.Sidecar {
+	switch {
+	case l.Sidecar:
 		labels[LabelManaged] = "sidecar"
+	case l.Session != "":
+		labels[LabelManaged], labels[LabelSession] = "session", l.Session
 	}
 	for k, v := range map[string]string{LabelSource: l.Source, LabelAgent: l.Agent, LabelTrust: l.Trust} {
 		if v != "" {
@@ -163,7 +175,7 @@ func (d *Docker) Launch(ctx context.Context, l Launch) (string, error) {
 		{Type: mount.TypeBind, Source: l.CABundle, Target: ContainerCABundle, ReadOnly: true},
 	}
 	if l.Workspace != "" {
-		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: l.Workspace, Target: ContainerWorkspace, ReadOnly: true})
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: l.Workspace, Target: ContainerWorkspace, ReadOnly: !l.WorkspaceRW})
 	}
 	host := &container.HostConfig{
 		NetworkMode:    container.NetworkMode(DockerNetworkName(l.Sandbox)),
@@ -183,14 +195,38 @@ func (d *Docker) Launch(ctx context.Context, l Launch) (string, error) {
 		host.RestartPolicy = container.RestartPolicy{Name: container.RestartPolicyOnFailure}
 	}
 	cfg := &container.Config{Image: l.Image, Cmd: l.Cmd, Env: env, User: user, Labels: labels}
+	if l.Stdin != "" {
+		cfg.OpenStdin, cfg.StdinOnce, cfg.AttachStdin = true, true, true
+	}
 	netCfg := &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{DockerNetworkName(l.Sandbox): {}}}
 	created, err := d.cli.ContainerCreate(ctx, cfg, host, netCfg, nil, l.Name)
 	if err != nil {
 		return "", fmt.Errorf("create container: %w", err)
 	}
+	var stdin *types.HijackedResponse
+	if l.Stdin != "" {
+		att, err := d.cli.ContainerAttach(ctx, created.ID, container.AttachOptions{Stream: true, Stdin: true})
+		if err != nil {
+			d.cli.ContainerRemove(context.WithoutCancel(ctx), created.ID, container.RemoveOptions{Force: true})
+			return "", fmt.Errorf("attach to the container's standard input: %w", err)
+		}
+		stdin = &att
+	}
 	if err := d.cli.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
+		if stdin != nil {
+			stdin.Close()
+		}
 		d.cli.ContainerRemove(context.WithoutCancel(ctx), created.ID, container.RemoveOptions{Force: true})
 		return "", fmt.Errorf("start container: %w", err)
+	}
+	if stdin != nil {
+		// In the background: a member that never reads must not hold up
+		// the launch. Its end closes the stream.
+		go func() {
+			defer stdin.Close()
+			io.WriteString(stdin.Conn, l.Stdin)
+			stdin.CloseWrite()
+		}()
 	}
 	d.track(ctx, created.ID, "start")
 	return created.ID, nil

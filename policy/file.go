@@ -427,6 +427,10 @@ func (d *decoder) sandbox(n *yaml.Node, s *Spec) error {
 		"resources": func(p string, v *yaml.Node) error {
 			return d.resources(p, v, &s.Resources)
 		},
+		"sessions": func(p string, v *yaml.Node) (err error) {
+			s.Sessions, err = d.sessions(p, v)
+			return err
+		},
 	})
 	if err != nil {
 		return err
@@ -620,25 +624,8 @@ func (d *decoder) mcpServers(path string, n *yaml.Node) ([]MCPServer, error) {
 				}
 				return nil
 			},
-			"image": func(p string, v *yaml.Node) (err error) {
-				if srv.Image, err = d.str(p, v); err != nil {
-					return err
-				}
-				if srv.Image == "" || strings.ContainsFunc(srv.Image, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
-					return d.errorf(v, p, "want an image reference such as ghcr.io/github/github-mcp-server:latest")
-				}
-				return nil
-			},
-			"command": func(p string, v *yaml.Node) error {
-				return d.items(v, p, func(p string, v *yaml.Node) error {
-					arg, err := d.str(p, v)
-					if err == nil && strings.ContainsRune(arg, 0) {
-						err = d.errorf(v, p, "holds a NUL byte")
-					}
-					srv.Command = append(srv.Command, arg)
-					return err
-				})
-			},
+			"image":   d.image(&srv.Image, "ghcr.io/github/github-mcp-server:latest"),
+			"command": d.command(&srv.Command),
 			"env": func(p string, v *yaml.Node) error {
 				if v.Kind != yaml.MappingNode {
 					return d.errorf(v, p, "want a mapping of NAME: value, got %s", describeNode(v))
@@ -694,36 +681,65 @@ func (d *decoder) mcpServers(path string, n *yaml.Node) ([]MCPServer, error) {
 	return servers, err
 }
 
-func (d *decoder) resources(path string, n *yaml.Node, r *Resources) error {
-	limits := func(l *Limits) func(string, *yaml.Node) error {
-		return func(p string, v *yaml.Node) error {
-			return d.fields(v, p, map[string]func(string, *yaml.Node) error{
-				"memory_mb": func(p string, v *yaml.Node) error {
-					mb, err := d.int(p, v, 1, maxMemoryMB)
-					l.MemoryMB = int(mb)
-					return err
-				},
-				"cpus": func(p string, v *yaml.Node) (err error) {
-					l.CPUs, err = d.float(p, v, maxCPUs)
-					return err
-				},
-				"pids": func(p string, v *yaml.Node) error {
-					n, err := d.int(p, v, 8, 1<<16)
-					l.Pids = int(n)
-					return err
-				},
-			})
+// image reads an image reference into dst.
+func (d *decoder) image(dst *string, example string) func(string, *yaml.Node) error {
+	return func(p string, v *yaml.Node) (err error) {
+		if *dst, err = d.str(p, v); err != nil {
+			return err
 		}
+		if *dst == "" || strings.ContainsFunc(*dst, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+			return d.errorf(v, p, "want an image reference such as %s", example)
+		}
+		return nil
 	}
+}
+
+// command reads a list of arguments into dst.
+func (d *decoder) command(dst *[]string) func(string, *yaml.Node) error {
+	return func(p string, v *yaml.Node) error {
+		return d.items(v, p, func(p string, v *yaml.Node) error {
+			arg, err := d.str(p, v)
+			if err == nil && strings.ContainsRune(arg, 0) {
+				err = d.errorf(v, p, "holds a NUL byte")
+			}
+			*dst = append(*dst, arg)
+			return err
+		})
+	}
+}
+
+func (d *decoder) resources(path string, n *yaml.Node, r *Resources) error {
 	return d.fields(n, path, map[string]func(string, *yaml.Node) error{
-		"agent": limits(&r.Agent),
-		"mcp":   limits(&r.MCP),
+		"agent": d.limits(&r.Agent),
+		"mcp":   d.limits(&r.MCP),
 		"run_timeout": func(p string, v *yaml.Node) error {
 			secs, err := d.int(p, v, 1, int64(maxRunTimeout/time.Second))
 			r.RunTimeout = time.Duration(secs) * time.Second
 			return err
 		},
 	})
+}
+
+// limits reads a member's memory_mb, cpus and pids into l.
+func (d *decoder) limits(l *Limits) func(string, *yaml.Node) error {
+	return func(p string, v *yaml.Node) error {
+		return d.fields(v, p, map[string]func(string, *yaml.Node) error{
+			"memory_mb": func(p string, v *yaml.Node) error {
+				mb, err := d.int(p, v, 1, maxMemoryMB)
+				l.MemoryMB = int(mb)
+				return err
+			},
+			"cpus": func(p string, v *yaml.Node) (err error) {
+				l.CPUs, err = d.float(p, v, maxCPUs)
+				return err
+			},
+			"pids": func(p string, v *yaml.Node) error {
+				n, err := d.int(p, v, 8, 1<<16)
+				l.Pids = int(n)
+				return err
+			},
+		})
+	}
 }
 
 // lineBreaks refuses line breaks other than LF and CRLF. YAML also breaks

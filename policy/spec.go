@@ -165,6 +165,9 @@ type Spec struct {
 	Deny       []*Rule // network_denylist
 	MCPServers []MCPServer
 	Resources  Resources
+	// Sessions is the sessions: section; nil when the file has none (the
+	// sandbox then runs no sessions).
+	Sessions *Sessions
 }
 
 // Defaults of a policy file's settings.

@@ -15,7 +15,8 @@ import (
 // on; an allow rule
 // (auto or user, compared by pattern and member) in next and not in old; a
 // deny rule in old and not in next; an MCP server added, its trust raised
-// (user_added < verified < builtin), or its image or command changed.
+// (user_added < verified < builtin), or its image or command changed;
+// sessions turned on, or their image, command, env or user changed.
 // Everything else (approval_timeout, resources, sources and times of rules,
 // order, comments) is not counted.
 func Widens(old, next *Spec) []string {
@@ -63,7 +64,7 @@ func Widens(old, next *Spec) []string {
 			out = append(out, fmt.Sprintf("MCP server %s: command %q → %q", m.Name, o.Command, m.Command))
 		}
 	}
-	return out
+	return append(out, sessionsWiden(old.Sessions, next.Sessions)...)
 }
 
 // actionRank orders unknown actions by how much they let through.

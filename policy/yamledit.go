@@ -209,7 +209,7 @@ func sameNode(a, b *yaml.Node) bool {
 func sameSpec(a, b *Spec) bool {
 	return a.Enabled == b.Enabled && a.UnknownAction == b.UnknownAction &&
 		a.ApprovalTimeout == b.ApprovalTimeout && a.Inspect == b.Inspect &&
-		slices.EqualFunc(a.MCPServers, b.MCPServers, MCPServer.Equal) && a.Resources == b.Resources &&
+		slices.EqualFunc(a.MCPServers, b.MCPServers, MCPServer.Equal) && a.Resources == b.Resources && a.Sessions.Equal(b.Sessions) &&
 		slices.EqualFunc(a.Auto, b.Auto, sameRule) &&
 		slices.EqualFunc(a.User, b.User, sameRule) &&
 		slices.EqualFunc(a.Deny, b.Deny, sameRule)

@@ -94,6 +94,9 @@ type Config struct {
 	// Containers runs Docker members; nil means there is no Docker Engine
 	// and the container routes answer 503.
 	Containers Containers
+	// Sessions returns a sandbox's sessions for the sessions routes and
+	// /mcp; nil means the server runs none.
+	Sessions SessionsOf
 	// Registry receives the metrics served at /metrics; nil means none.
 	Registry *prometheus.Registry
 	// Logger; nil means slog.Default().
@@ -305,20 +308,26 @@ func (s *Server) routes() *echo.Echo {
 	sb.GET("/requests.har", s.har)
 	sb.GET("/events", s.events)
 	s.containerRoutes(sb)
+	s.sessionRoutes(e, sb)
 	sb.GET("/ca.pem", func(c echo.Context) error {
 		return c.Blob(http.StatusOK, "application/x-pem-file", sandboxOf(c).CAPEM())
 	})
 	return e
 }
 
-// bodyLimit refuses bodies over MaxBody before a handler reads them.
+// bodyLimit refuses bodies over MaxBody (MaxSessionBody for the routes
+// that carry uploads) before a handler reads them.
 func (s *Server) bodyLimit(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
-		if r.ContentLength > MaxBody {
-			return fail(http.StatusRequestEntityTooLarge, "request body too large", fmt.Sprintf("bodies are limited to %d bytes", MaxBody))
+		limit := int64(MaxBody)
+		if strings.HasPrefix(r.URL.Path, "/mcp") || strings.Contains(r.URL.Path, "/sessions") && strings.HasPrefix(r.URL.Path, "/api/v1/sandboxes/") {
+			limit = MaxSessionBody
 		}
-		r.Body = http.MaxBytesReader(c.Response(), r.Body, MaxBody)
+		if r.ContentLength > limit {
+			return fail(http.StatusRequestEntityTooLarge, "request body too large", fmt.Sprintf("bodies are limited to %d bytes", limit))
+		}
+		r.Body = http.MaxBytesReader(c.Response(), r.Body, limit)
 		return next(c)
 	}
 }

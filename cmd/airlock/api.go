@@ -16,7 +16,10 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/internal/sessionmcp"
 	"github.com/airlockhq/airlock/internal/visible"
 	"github.com/airlockhq/airlock/ui"
 )
@@ -147,7 +150,14 @@ func apiCommands() map[string]apiCommand {
 			fs.StringVar(&flagOut, "o", "", "write to FILE (default stdout)")
 		}, run: cmdHAR},
 		"reload": {name: "reload", usage: "reload", run: cmdReload},
-		"set":    {name: "set", usage: "set SANDBOX unknown_action ask|deny|allow  |  set SANDBOX approval_timeout SECONDS", min: 3, max: 3, run: cmdSet},
+		"mcp": {name: "mcp", usage: "mcp [--sandbox NAME]", flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&flagSandbox, "sandbox", ui.DefaultMCPSandbox, "the sandbox whose sessions to serve")
+		}, run: func(ctx context.Context, c *ui.Client, _ *common, _ []string) error {
+			// Standard output carries the protocol: nothing else may be
+			// printed there.
+			return sessionmcp.NewServer(c.Sessions(flagSandbox), flagSandbox).Run(ctx, &mcp.StdioTransport{})
+		}},
+		"set": {name: "set", usage: "set SANDBOX unknown_action ask|deny|allow  |  set SANDBOX approval_timeout SECONDS", min: 3, max: 3, run: cmdSet},
 		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			var pem []byte
 			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {

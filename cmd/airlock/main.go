@@ -41,6 +41,8 @@ const usage = `usage:
   airlock har SANDBOX [-o FILE]              traffic as HAR 1.2
   airlock ca SANDBOX                         the sandbox CA certificate (PEM)
   airlock reload                             airlockd re-reads its config and every policy file
+  airlock mcp [--sandbox NAME]               serve the sandbox's sessions as MCP tools over stdio
+                                             (execute_task, get_files, cleanup_session, list_sessions)
   airlock set SANDBOX KEY VALUE              unknown_action ask|deny|allow, or approval_timeout SECONDS
   airlock teardown NAME                      remove sandbox NAME's rules, bridge and leases
 

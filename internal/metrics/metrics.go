@@ -54,3 +54,39 @@ func (m *Metrics) Observe(e audit.Entry) {
 		m.trips.WithLabelValues(e.Sandbox).Inc()
 	}
 }
+
+// Sessions are the counters of sandbox sessions' tasks.
+type Sessions struct {
+	executions *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	timeouts   *prometheus.CounterVec
+	errors     *prometheus.CounterVec
+}
+
+// NewSessions registers the session counters with reg. Active sessions
+// are a gauge per sandbox that its owner registers
+// (airlock_sessions_active).
+func NewSessions(reg prometheus.Registerer) *Sessions {
+	m := &Sessions{
+		executions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "airlock_session_executions_total", Help: "Session tasks run, by how they ended."}, []string{"sandbox", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "airlock_session_execution_seconds", Help: "How long session tasks ran.",
+			Buckets: []float64{0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}}, []string{"sandbox"}),
+		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "airlock_session_timeouts_total", Help: "Session tasks killed at their timeout."}, []string{"sandbox"}),
+		errors:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "airlock_session_errors_total", Help: "Session tasks that could not run (image missing, engine failing)."}, []string{"sandbox"}),
+	}
+	reg.MustRegister(m.executions, m.duration, m.timeouts, m.errors)
+	return m
+}
+
+// Executed counts one task: its status (completed, failed, timeout), how
+// long it ran, and whether it could not run at all.
+func (m *Sessions) Executed(sandbox, status string, seconds float64, couldNotRun bool) {
+	m.executions.WithLabelValues(sandbox, status).Inc()
+	m.duration.WithLabelValues(sandbox).Observe(seconds)
+	if status == "timeout" {
+		m.timeouts.WithLabelValues(sandbox).Inc()
+	}
+	if couldNotRun {
+		m.errors.WithLabelValues(sandbox).Inc()
+	}
+}

@@ -34,3 +34,30 @@ airlock_upstream_errors_total{sandbox="sb"} 1
 		t.Error(err)
 	}
 }
+
+func TestSessions(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewSessions(reg)
+	m.Executed("sb", "completed", 1.5, false)
+	m.Executed("sb", "timeout", 400, false)
+	m.Executed("sb", "failed", 0.1, true)
+	want := `
+# HELP airlock_session_errors_total Session tasks that could not run (image missing, engine failing).
+# TYPE airlock_session_errors_total counter
+airlock_session_errors_total{sandbox="sb"} 1
+# HELP airlock_session_executions_total Session tasks run, by how they ended.
+# TYPE airlock_session_executions_total counter
+airlock_session_executions_total{sandbox="sb",status="completed"} 1
+airlock_session_executions_total{sandbox="sb",status="failed"} 1
+airlock_session_executions_total{sandbox="sb",status="timeout"} 1
+# HELP airlock_session_timeouts_total Session tasks killed at their timeout.
+# TYPE airlock_session_timeouts_total counter
+airlock_session_timeouts_total{sandbox="sb"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "airlock_session_errors_total", "airlock_session_executions_total", "airlock_session_timeouts_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.duration); n != 1 {
+		t.Errorf("%d duration series, want 1", n)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/internal/config"
 	"github.com/airlockhq/airlock/internal/metrics"
+	"github.com/airlockhq/airlock/internal/session"
 	"github.com/airlockhq/airlock/netns"
 	"github.com/airlockhq/airlock/policy"
 	"github.com/airlockhq/airlock/tproxy"
@@ -48,6 +49,7 @@ type Daemon struct {
 	roots    *x509.CertPool
 	reg      *prometheus.Registry
 	mets     *metrics.Metrics
+	smets    *metrics.Sessions
 	api      *ui.Server
 
 	docker     *netns.Docker // nil without a Docker Engine
@@ -72,6 +74,8 @@ type sandbox struct {
 	closers []func() error
 	docker  *netns.Docker // the daemon's, or nil
 	gauges  []prometheus.Collector
+	// sessions are the sandbox's sessions (sessions.go).
+	sessions *session.Manager
 	// policyFP is the policy file as last read; d.mu guards it.
 	policyFP fingerprint
 	// held says how the policy file widens access, when a poll kept it
@@ -153,6 +157,7 @@ func (d *Daemon) init() error {
 	d.reg = prometheus.NewRegistry()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d.mets = metrics.New(d.reg)
+	d.smets = metrics.NewSessions(d.reg)
 
 	// The config file's sandboxes, then those made through the API on an
 	// earlier run; the config file wins a clash of name or subnet.
@@ -196,6 +201,7 @@ func (d *Daemon) init() error {
 		TokenFile: filepath.Join(cfg.StateDir, "token"),
 		Sandboxes: d.uiSandboxes,
 		Manager:   d,
+		Sessions:  d.sessionsOf,
 		Registry:  d.reg,
 		Logger:    d.log,
 	}
@@ -308,6 +314,9 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		return nil, err
 	}
 	d.registerGauges(s)
+	if err = d.startSessions(s); err != nil {
+		return nil, err
+	}
 	d.log.Info("sandbox ready", "sandbox", sb.Name, "bridge", s.net.Bridge, "subnet", s.net.Subnet.String(),
 		"gate", s.net.Gateway.String()+":53", "policy", sb.Policy, "rules", len(s.policy.Rules()))
 	return s, nil
