@@ -335,21 +335,8 @@ func TestNoIPv6NoSpoofing(t *testing.T) {
 // dropCount returns the packet counter of the rule in sandbox A's
 // prerouting chain whose text contains match.
 func dropCount(t *testing.T, w *testworld.World, match string) int {
-	out, err := w.HostExec("nft", "list", "chain", "inet", "airlock", "pre-al-"+sbA)
-	if err != nil {
-		t.Fatalf("nft list: %v %s", err, out)
-	}
-	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, match) {
-			var pk int
-			if i := strings.Index(l, "packets "); i >= 0 {
-				fmt.Sscanf(l[i:], "packets %d", &pk)
-			}
-			return pk
-		}
-	}
-	t.Fatalf("no rule matching %q in:\n%s", match, out)
-	return 0
+	t.Helper()
+	return ruleCounter(t, w, "inet", "pre-al-"+sbA, regexp.MustCompile(regexp.QuoteMeta(match)))
 }
 
 func TestIsolation(t *testing.T) {

@@ -368,17 +368,7 @@ func divertChain(bridge string) string { return "divert-" + bridge }
 // DivertBridges returns the bridges airlock's netdev table has a divert
 // chain for.
 func DivertBridges(conn *nftables.Conn) []string {
-	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyNetdev)
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, c := range chains {
-		if b, ok := strings.CutPrefix(c.Name, "divert-"); ok && c.Table.Name == TableName {
-			out = append(out, b)
-		}
-	}
-	return out
+	return chainBridges(conn, nftables.TableFamilyNetdev, "divert-")
 }
 
 // Offsets of the IPv4 source and destination addresses in the header.
@@ -590,16 +580,22 @@ func mentions(r *nftables.Rule, own map[string]bool, links ...string) bool {
 	return false
 }
 
-// TableBridges returns the bridges airlock's table has rules for, so that a
-// teardown also finds sandboxes no longer in the config.
+// TableBridges returns the bridges airlock's inet table has rules for, so
+// that a teardown also finds sandboxes no longer in the config.
 func TableBridges(conn *nftables.Conn) []string {
-	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	return chainBridges(conn, nftables.TableFamilyINet, "pre-")
+}
+
+// chainBridges returns the bridges named by the chains of airlock's table
+// of family whose names start with prefix.
+func chainBridges(conn *nftables.Conn, family nftables.TableFamily, prefix string) []string {
+	chains, err := conn.ListChainsOfTableFamily(family)
 	if err != nil {
 		return nil
 	}
 	var out []string
 	for _, c := range chains {
-		if b, ok := strings.CutPrefix(c.Name, "pre-"); ok && c.Table.Name == TableName {
+		if b, ok := strings.CutPrefix(c.Name, prefix); ok && c.Table.Name == TableName {
 			out = append(out, b)
 		}
 	}
