@@ -175,6 +175,8 @@ func TestParseSpecErrors(t *testing.T) {
 		{name: "mcp server twice", file: "bad-mcp-duplicate.yaml", want: []string{`:4: sandbox.mcp_servers[1].name: server "GitHub" is listed twice (first at line 3)`}},
 		{name: "negative cpus", file: "bad-cpus.yaml", want: []string{":3: sandbox.resources.mcp.cpus: -1 is out of range"}},
 		{name: "zero run timeout", file: "bad-run-timeout.yaml", want: []string{":3: sandbox.resources.run_timeout: 0 is out of range"}},
+		{name: "unknown preset", file: "bad-preset.yaml", want: []string{`:2: sandbox.presets[1]: unknown preset "pypi": want one of python, node, go`}, is: ErrUnknownPreset},
+		{name: "bad learn_until", file: "bad-learn-until.yaml", want: []string{`:3: sandbox.learn_until: "tomorrow" is not an RFC 3339 time`}},
 		{name: "syntax", file: "bad-syntax.yaml", want: []string{": invalid YAML:"}},
 		{name: "top level is a list", file: "bad-top-level-list.yaml", want: []string{":1: the file's top level is a list"}},
 		{name: "user is a string", file: "bad-user-not-list.yaml", want: []string{`:3: sandbox.network_allowlist.user: want a list, got the string "api.example.com"`}},

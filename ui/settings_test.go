@@ -54,8 +54,8 @@ func TestBadSettingsChangeNothing(t *testing.T) {
 		name, body, want string
 	}{
 		{"empty", `{}`, "no setting to change"},
-		{"unknown action", `{"unknown_action": "maybe"}`, "want ask, deny or allow"},
-		{"upper case", `{"unknown_action": "DENY"}`, "want ask, deny or allow"},
+		{"unknown action", `{"unknown_action": "maybe"}`, "want ask, deny, learn or allow"},
+		{"upper case", `{"unknown_action": "DENY"}`, "want ask, deny, learn or allow"},
 		{"zero timeout", `{"approval_timeout": 0}`, "from 1 to 600"},
 		{"negative timeout", `{"approval_timeout": -5}`, "from 1 to 600"},
 		{"too long", `{"approval_timeout": 3601}`, "from 1 to 600"},
