@@ -282,6 +282,7 @@ func (s *Server) routes() *echo.Echo {
 	s.webRoutes(e)
 	api := e.Group("/api/v1", s.auth)
 	api.GET("/sandboxes", s.listSandboxes)
+	api.GET("/presets", s.listPresets)
 	if s.cfg.Manager != nil {
 		api.POST("/sandboxes", s.createSandbox)
 		api.DELETE("/sandboxes/:sb", s.deleteSandbox)

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/internal/visible"
@@ -147,7 +148,9 @@ func apiCommands() map[string]apiCommand {
 			fs.StringVar(&flagOut, "o", "", "write to FILE (default stdout)")
 		}, run: cmdHAR},
 		"reload": {name: "reload", usage: "reload", run: cmdReload},
-		"set":    {name: "set", usage: "set SANDBOX unknown_action ask|deny|allow  |  set SANDBOX approval_timeout SECONDS", min: 3, max: 3, run: cmdSet},
+		"set": {name: "set", usage: "set SANDBOX unknown_action ask|deny|learn|allow  |  approval_timeout SECONDS  |  learn_until TIME|DURATION  |  presets NAME,NAME|none",
+			min: 3, max: 3, run: cmdSet},
+		"presets": {name: "presets", usage: "presets", run: cmdPresets},
 		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			var pem []byte
 			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {
@@ -235,9 +238,13 @@ func cmdLs(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 		}
 		var rows [][]string
 		for _, s := range sbs {
-			rows = append(rows, []string{s.Name, s.Subnet, s.UnknownAction, fmt.Sprint(s.Rules), fmt.Sprint(s.Pending), s.Policy})
+			presets := strings.Join(s.Presets, ",")
+			if presets == "" {
+				presets = "-"
+			}
+			rows = append(rows, []string{s.Name, s.Subnet, unknownAction(s.UnknownAction, s.LearnUntil, time.Now()), presets, fmt.Sprint(s.Rules), fmt.Sprint(s.Pending), s.Policy})
 		}
-		table("SANDBOX\tSUBNET\tUNKNOWN\tRULES\tPENDING\tPOLICY", rows)
+		table("SANDBOX\tSUBNET\tUNKNOWN\tPRESETS\tRULES\tPENDING\tPOLICY", rows)
 		return nil
 	}
 	var rules []ui.RuleView
@@ -513,8 +520,16 @@ func cmdSet(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			return fmt.Errorf("approval_timeout %q: want whole seconds, such as 60", a[2])
 		}
 		body.ApprovalTimeout = &n
+	case "learn_until":
+		body.LearnUntil = &a[2]
+	case "presets":
+		names := []string{}
+		if a[2] != "none" && a[2] != "" {
+			names = strings.Split(a[2], ",")
+		}
+		body.Presets = &names
 	default:
-		return fmt.Errorf("unknown setting %q: want unknown_action or approval_timeout", a[1])
+		return fmt.Errorf("unknown setting %q: want unknown_action, approval_timeout, learn_until or presets", a[1])
 	}
 	var out ui.SettingsView
 	if err := c.Do(ctx, "PATCH", sbPath(a[0], "/settings"), body, &out); err != nil {
@@ -523,6 +538,45 @@ func cmdSet(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	if cm.json {
 		return printJSON(out)
 	}
-	fmt.Fprintf(stdout, "%s: unknown_action %s, approval_timeout %d s (saved to the policy file)\n", a[0], out.UnknownAction, out.ApprovalTimeout)
+	presets := strings.Join(out.Presets, ",")
+	if presets == "" {
+		presets = "none"
+	}
+	fmt.Fprintf(stdout, "%s: unknown_action %s, approval_timeout %d s, presets %s (saved to the policy file)\n", a[0],
+		unknownAction(out.UnknownAction, out.LearnUntil, time.Now()), out.ApprovalTimeout, presets)
+	return nil
+}
+
+// unknownAction shows a sandbox's unknown_action, with the time learn mode
+// has left.
+func unknownAction(action string, until *time.Time, now time.Time) string {
+	if action != "learn" {
+		return action
+	}
+	if until == nil || !until.After(now) {
+		return "learn (over: asks)"
+	}
+	return fmt.Sprintf("learn (%s left, until %s)", until.Sub(now).Round(time.Minute), until.Local().Format("15:04"))
+}
+
+// cmdPresets lists the presets airlock knows and the hosts they allow.
+func cmdPresets(ctx context.Context, c *ui.Client, cm *common, _ []string) error {
+	var ps []ui.PresetView
+	if err := c.Do(ctx, "GET", "/presets", nil, &ps); err != nil {
+		return err
+	}
+	if cm.json {
+		return printJSON(ps)
+	}
+	var rows [][]string
+	for _, p := range ps {
+		if len(p.Includes) > 0 {
+			rows = append(rows, []string{p.Name, "all of " + strings.Join(p.Includes, ", "), "", p.Description})
+		}
+		for _, e := range p.Entries {
+			rows = append(rows, []string{p.Name, e.Host, strings.Join(e.Patterns, ", "), e.Why})
+		}
+	}
+	table("PRESET\tHOST\tRULES\tWHY", rows)
 	return nil
 }
