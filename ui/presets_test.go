@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -137,5 +138,78 @@ func TestCreatedSandboxStartsWithPackageManagers(t *testing.T) {
 	}
 	if file, _ := os.ReadFile(h.policy); string(file) != "sandbox:\n  unknown_action: deny\n" {
 		t.Errorf("existing policy file changed:\n%s", file)
+	}
+}
+
+func TestProposalThroughTheAPI(t *testing.T) {
+	h := newAPI(t, "sandbox:\n  unknown_action: learn\n  presets: [python]\n")
+	learned, unknown := policy.ReasonLearn.String(), policy.ReasonUnknown.String()
+	for _, e := range []audit.Entry{
+		{Kind: audit.KindConnection, Source: "agent", Host: "a.cdn.test", Port: 443, Verdict: "learned", Reason: learned},
+		{Kind: audit.KindConnection, Source: "agent", Host: "b.cdn.test", Port: 443, Verdict: "learned", Reason: learned},
+		{Kind: audit.KindConnection, Source: "agent", Host: "c.cdn.test", Port: 443, Verdict: "learned", Reason: learned},
+		// An intercepted connection stands for its requests.
+		{Kind: audit.KindConnection, Source: "agent", Host: "api.test", Port: 80, Verdict: "learned", Reason: "intercepted: " + learned},
+		{Kind: audit.KindRequest, Source: "agent", Method: "GET", URL: "http://api.test/v1/models", Host: "api.test", Verdict: "learned", Reason: learned},
+		{Kind: audit.KindRequest, Source: "agent", Method: "POST", URL: "http://api.test/v1/chat?x=1", Host: "api.test", Verdict: "learned", Reason: learned},
+		{Kind: audit.KindRequest, Source: "agent", Method: "GET", URL: "https://pypi.org/simple/x/", Host: "pypi.org", Verdict: "allow", Reason: policy.ReasonAllowRule.String()},
+		// Held, and denied for want of a rule: proposed too.
+		{Kind: audit.KindApproval, Source: "mcp:x", Host: "held.test", Port: 443, URL: "held.test:443", Action: "opened"},
+		{Kind: audit.KindConnection, Source: "agent", Host: "denied.test", Port: 443, Verdict: "deny", Reason: unknown},
+		// Denied by a rule: not proposed.
+		{Kind: audit.KindConnection, Source: "agent", Host: "evil.test", Port: 443, Verdict: "deny", Reason: policy.ReasonDenyRule.String()},
+		{Kind: audit.KindDNS, Source: "agent", Host: "dns.test", Verdict: "fake-ip"},
+	} {
+		e.Sandbox = "myapp"
+		h.sb.journal.Add(e)
+	}
+	code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/proposal?since=1h", "")
+	var pv ProposalView
+	if code != 200 || json.Unmarshal([]byte(body), &pv) != nil || pv.Since == nil {
+		t.Fatalf("GET proposal: %d %s", code, body)
+	}
+	var got []string
+	for _, p := range pv.Patterns {
+		s := p.Pattern + " member=" + p.Member
+		if p.CoveredBy != "" {
+			s += " covered by " + p.CoveredBy
+		}
+		got = append(got, s)
+	}
+	want := []string{
+		"*.cdn.test member=agent",
+		"api.test/v1/* member=agent",
+		"denied.test member=agent",
+		"held.test member=mcp:x",
+		"pypi.org member=agent covered by GET pypi.org (preset:python)",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("proposal (-want +got):\n%s", diff)
+	}
+	if code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/proposal?since=soon", ""); code != 400 {
+		t.Errorf("bad since: %d %s", code, body)
+	}
+
+	// A bad pattern saves nothing.
+	before, _ := os.ReadFile(h.policy)
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/proposal", `{"rules": [{"pattern": "*.cdn.test", "member": "agent"}, {"pattern": "*.com"}]}`); code != 400 || !strings.Contains(body, "rules[1]") {
+		t.Errorf("broad pattern: %d %s", code, body)
+	}
+	if after, _ := os.ReadFile(h.policy); string(after) != string(before) {
+		t.Errorf("a refused save changed the file:\n%s", after)
+	}
+	code, body = h.do(t, "POST", "/api/v1/sandboxes/myapp/proposal", `{"rules": [{"pattern": "*.cdn.test", "member": "agent"}, {"pattern": "api.test/v1/*"}]}`)
+	if code != 201 {
+		t.Fatalf("save: %d %s", code, body)
+	}
+	file, _ := os.ReadFile(h.policy)
+	source := "learned " + time.Now().UTC().Format("2006-01-02")
+	for _, w := range []string{`pattern: "*.cdn.test"`, `member: "agent"`, `pattern: "api.test/v1/*"`, source} {
+		if !strings.Contains(string(file), w) {
+			t.Errorf("policy file lacks %q:\n%s", w, file)
+		}
+	}
+	if d := h.sb.pol.Decide(policy.Query{Source: "agent", Host: "b.cdn.test", Port: 443}); d.Verdict != policy.Allow || d.Rule == nil {
+		t.Errorf("b.cdn.test after saving: %v", d)
 	}
 }

@@ -297,6 +297,8 @@ func (s *Server) routes() *echo.Echo {
 		sb.DELETE("/"+name+"/:id", s.removeRule(l))
 		sb.PUT("/"+name+"/:id", s.replaceRule(l))
 	}
+	sb.GET("/proposal", s.getProposal)
+	sb.POST("/proposal", s.saveProposal)
 	sb.GET("/settings", s.getSettings)
 	sb.PATCH("/settings", s.patchSettings)
 	sb.POST("/allowlist/test", s.testPattern)

@@ -109,6 +109,7 @@ var (
 	flagSource, flagVer string
 	flagLimit           int
 	flagOut             string
+	flagSince           string
 )
 
 func apiCommands() map[string]apiCommand {
@@ -151,6 +152,10 @@ func apiCommands() map[string]apiCommand {
 		"set": {name: "set", usage: "set SANDBOX unknown_action ask|deny|learn|allow  |  approval_timeout SECONDS  |  learn_until TIME|DURATION  |  presets NAME,NAME|none",
 			min: 3, max: 3, run: cmdSet},
 		"presets": {name: "presets", usage: "presets", run: cmdPresets},
+		"propose": {name: "propose", usage: "propose SANDBOX [--since 1h] [--save]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&flagSince, "since", "", "only traffic since this long ago (1h) or this time (RFC 3339); default all the log holds")
+			fs.BoolVar(&flagSave, "save", false, "save the patterns that are neither covered nor flagged to the policy file")
+		}, run: cmdPropose},
 		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			var pem []byte
 			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {
@@ -557,6 +562,64 @@ func unknownAction(action string, until *time.Time, now time.Time) string {
 		return "learn (over: asks)"
 	}
 	return fmt.Sprintf("learn (%s left, until %s)", until.Sub(now).Round(time.Minute), until.Local().Format("15:04"))
+}
+
+// cmdPropose prints the patterns that cover what the sandbox's members
+// reached and, with --save, saves those neither covered nor flagged.
+func cmdPropose(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	path := sbPath(a[0], "/proposal")
+	if flagSince != "" {
+		path += "?since=" + url.QueryEscape(flagSince)
+	}
+	var pv ui.ProposalView
+	if err := c.Do(ctx, "GET", path, nil, &pv); err != nil {
+		return err
+	}
+	var save []ui.ProposedRule
+	for _, p := range pv.Patterns {
+		if p.CoveredBy == "" && len(p.Flags) == 0 {
+			save = append(save, ui.ProposedRule{Pattern: p.Pattern, Member: p.Member})
+		}
+	}
+	var saved []ui.RuleView
+	if flagSave && len(save) > 0 {
+		if err := c.Do(ctx, "POST", path, ui.SaveProposalBody{Rules: save}, &saved); err != nil {
+			return err
+		}
+	}
+	if cm.json {
+		if flagSave {
+			return printJSON(map[string]any{"proposal": pv, "saved": saved})
+		}
+		return printJSON(pv)
+	}
+	var rows [][]string
+	for _, p := range pv.Patterns {
+		note := ""
+		switch {
+		case p.CoveredBy != "":
+			note = "covered by " + p.CoveredBy
+		case len(p.Flags) > 0:
+			note = "FLAGGED: " + strings.Join(p.Flags, "; ")
+		case flagSave:
+			note = "saved"
+		}
+		member := p.Member
+		if member == "" {
+			member = "-"
+		}
+		rows = append(rows, []string{p.Pattern, member, fmt.Sprint(p.Hits), strings.Join(p.Examples, " "), note})
+	}
+	table("PATTERN\tMEMBER\tHITS\tEXAMPLES\tNOTE", rows)
+	switch {
+	case len(pv.Patterns) == 0:
+		fmt.Fprintf(stdout, "nothing recorded to propose in %s\n", a[0])
+	case flagSave:
+		fmt.Fprintf(stdout, "saved %d patterns to %s's policy file; flagged ones were left out: add them with airlock allow if you mean it\n", len(saved), a[0])
+	default:
+		fmt.Fprintf(stdout, "%d patterns; airlock propose %s --save adds the %d neither covered nor flagged\n", len(pv.Patterns), a[0], len(save))
+	}
+	return nil
 }
 
 // cmdPresets lists the presets airlock knows and the hosts they allow.
