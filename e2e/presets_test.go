@@ -139,7 +139,7 @@ func TestLearnThenAsk(t *testing.T) {
 		t.Fatalf("airlock propose --save: %v\n%s", err, out)
 	}
 	text, _ := os.ReadFile(pol)
-	for _, s := range []string{`pattern: "*.cdn.test"`, `pattern: "pkgs.test/simple/*"`, "pattern: other.test", `member: "agent"`, `source: "learned ` + time.Now().UTC().Format("2006-01-02")} {
+	for _, s := range []string{`pattern: "*.cdn.test"`, `pattern: "pkgs.test/simple/*"`, `pattern: "other.test"`, `member: "agent"`, `source: "learned ` + time.Now().UTC().Format("2006-01-02")} {
 		if !strings.Contains(string(text), s) {
 			t.Errorf("policy file lacks %s:\n%s", s, text)
 		}

@@ -561,7 +561,7 @@ func unknownAction(action string, until *time.Time, now time.Time) string {
 	if until == nil || !until.After(now) {
 		return "learn (over: asks)"
 	}
-	return fmt.Sprintf("learn (%s left, until %s)", until.Sub(now).Round(time.Minute), until.Local().Format("15:04"))
+	return fmt.Sprintf("learn (%s left, until %s)", strings.TrimSuffix(until.Sub(now).Round(time.Minute).String(), "0s"), until.Local().Format("15:04"))
 }
 
 // cmdPropose prints the patterns that cover what the sandbox's members
