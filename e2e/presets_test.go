@@ -15,22 +15,10 @@ import (
 	"github.com/airlockhq/airlock/internal/testworld"
 )
 
-// presetSetup runs airlockd with one sandbox "default" whose policy file
-// says policyYAML, and returns the world, the config path, the policy path
-// and the API token.
+// presetSetup is policySetup without the daemon.
 func presetSetup(t *testing.T, policyYAML string) (*testworld.World, string, string, string) {
-	w := testworld.New(t)
-	pol := filepath.Join(w.Dir, "default.yaml")
-	write(t, pol, policyYAML)
-	cfg := filepath.Join(w.Dir, "airlockd.yaml")
-	write(t, cfg, fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nsandboxes:\n  - name: default\n    subnet: 10.88.0.0/24\n    policy: %[3]s\n",
-		w.Dir, testworld.DNSAddr, pol))
-	w.StartDaemon(cfg)
-	token, err := os.ReadFile(filepath.Join(w.Dir, "state", "token"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w, cfg, pol, strings.TrimSpace(string(token))
+	w, cfg, _, pol, token := policySetup(t, policyYAML)
+	return w, cfg, pol, token
 }
 
 // TestPresetPythonReadOnly: a member of a sandbox with presets: [python]

@@ -204,7 +204,7 @@ func coveredBy(hits []Hit, decide func(Query) Decision) string {
 func pathPrefix(hits []Hit) string {
 	var common []string
 	for i, h := range hits {
-		if h.Path == "" || h.Method == "" {
+		if h.Method == "" || !strings.HasPrefix(h.Path, "/") {
 			return ""
 		}
 		p := h.Path

@@ -193,3 +193,23 @@ func TestProposalCoversItsHits(t *testing.T) {
 		t.Errorf("another member's host: %v", d)
 	}
 }
+
+// FuzzPropose feeds Propose hosts and paths a member chose: it must not
+// panic, and every pattern it proposes must parse without force.
+func FuzzPropose(f *testing.F) {
+	f.Add("a.cdn.test", "/simple/x/", "b.cdn.test", "/v1/*/y", uint16(443))
+	f.Add("203.0.113.9", "", "xn--bcher-kva.example", "//..;/", uint16(5432))
+	f.Fuzz(func(t *testing.T, h1, p1, h2, p2 string, port uint16) {
+		hits := []Hit{
+			{Source: "agent", Host: h1, Port: port, Method: "GET", Path: p1},
+			{Source: "agent", Host: h2, Port: 443, Method: "POST", Path: p2},
+			{Source: "other", Host: "c." + h2, Port: 80},
+			{Source: "agent", Host: "d." + h2, Port: 443},
+		}
+		for _, p := range Propose(hits, nil) {
+			if _, err := Parse(p.Pattern, ParseOptions{}); err != nil {
+				t.Errorf("proposed %q: %v", p.Pattern, err)
+			}
+		}
+	})
+}
