@@ -301,3 +301,29 @@ func TestSandboxLearnUntil(t *testing.T) {
 		t.Errorf("file:\n%s", text)
 	}
 }
+
+// TestPresetOnDiskWaitsForReload: a preset turned on by an edit on disk
+// widens access, so an unattended reload leaves it out of force, and the
+// API's edits of the file are refused until a person reloads.
+func TestPresetOnDiskWaitsForReload(t *testing.T) {
+	s, path := openTestSandbox(t, "sandbox:\n  unknown_action: ask\n")
+	if err := os.WriteFile(path, []byte("sandbox:\n  unknown_action: ask\n  presets: [python]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var we *WidensError
+	if err := s.ReloadRestricting(); !errors.As(err, &we) || !strings.Contains(err.Error(), "preset turned on: python") {
+		t.Fatalf("ReloadRestricting = %v, want a WidensError naming the preset", err)
+	}
+	if d := s.Decide(Query{Host: "pypi.org", Port: 443, Method: "GET", Path: "/"}); d.Verdict != Ask {
+		t.Errorf("pypi.org before the reload: %v", d)
+	}
+	if _, err := s.SetSettings(Settings{ApprovalTimeout: ptr(40 * time.Second)}); !errors.As(err, &we) {
+		t.Errorf("an API edit while the preset waits: %v", err)
+	}
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.Decide(Query{Host: "pypi.org", Port: 443, Method: "GET", Path: "/"}); d.Verdict != Allow || PresetOf(d.Rule) != "python" {
+		t.Errorf("pypi.org after the reload: %v", d)
+	}
+}
