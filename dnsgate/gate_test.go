@@ -219,6 +219,24 @@ func TestGateAnswers(t *testing.T) {
 	}
 }
 
+// TestGateLearnModeForwardsNothing: learn mode lets connections through,
+// but a name no rule allows still never reaches the upstream (design §8,
+// invariant 2): A gets a fake address, TXT is refused.
+func TestGateLearnModeForwardsNothing(t *testing.T) {
+	w := newWorldWith(t, GuardConfig{}, func(c *Config) {
+		c.Policy = policy.NewRuleset(policy.ActionLearn).Learning(time.Now().Add(time.Hour), nil)
+	})
+	if r := w.query(t, "udp", "unknown.test.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Errorf("A while learning: %v", r)
+	}
+	if r := w.query(t, "udp", "unknown.test.", dns.TypeTXT); r.Rcode != dns.RcodeRefused {
+		t.Errorf("TXT while learning: %s", dns.RcodeToString[r.Rcode])
+	}
+	if q := w.upstream.Queries(); len(q) != 0 {
+		t.Errorf("the upstream saw %v while learning", q)
+	}
+}
+
 func TestGateFakeIPsStableAndReversible(t *testing.T) {
 	w := newWorld(t, GuardConfig{})
 	a1 := w.query(t, "udp", "one.test.", dns.TypeA).Answer[0].(*dns.A).A.String()

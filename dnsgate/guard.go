@@ -2,12 +2,13 @@ package dnsgate
 
 import (
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/net/publicsuffix"
+
+	"github.com/airlockhq/airlock/policy"
 )
 
 // GuardConfig tunes the exfiltration guard. Zero fields take the defaults
@@ -264,7 +265,7 @@ func (g *Guard) labelReason(sub string) string {
 		case len(l) >= g.cfg.EncodedMinLen && looksBase32(l):
 			return "base32-encoded-looking label"
 		case len(l) >= g.cfg.EntropyMinLen:
-			if e := entropy(l); e > g.cfg.MaxEntropy {
+			if e := policy.LabelEntropy(l); e > g.cfg.MaxEntropy {
 				return fmt.Sprintf("label entropy %.2f bits/byte (limit %.2f)", e, g.cfg.MaxEntropy)
 			}
 		}
@@ -302,20 +303,4 @@ func looksBase32(l string) bool {
 		}
 	}
 	return digits >= 2 && digits < len(l)
-}
-
-func entropy(s string) float64 {
-	var counts [256]int
-	for i := 0; i < len(s); i++ {
-		counts[s[i]]++
-	}
-	n := float64(len(s))
-	var e float64
-	for _, c := range counts {
-		if c > 0 {
-			p := float64(c) / n
-			e -= p * math.Log2(p)
-		}
-	}
-	return e
 }

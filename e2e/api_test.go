@@ -22,9 +22,17 @@ const apiBase = "http://127.0.0.1:7433/api/v1"
 // apiSetup runs airlockd with one sandbox named "default", as in the
 // README, which asks for unknown hosts (30 s) and allows allowed.test.
 func apiSetup(t *testing.T) (*testworld.World, string, *testworld.Daemon, string) {
+	w, cfg, d, _, token := policySetup(t, "sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
+	return w, cfg, d, token
+}
+
+// policySetup runs airlockd with one sandbox "default" whose policy file
+// says policyYAML, and returns the world, the config path, the daemon, the
+// policy path and the API token.
+func policySetup(t *testing.T, policyYAML string) (*testworld.World, string, *testworld.Daemon, string, string) {
 	w := testworld.New(t)
 	pol := filepath.Join(w.Dir, "default.yaml")
-	write(t, pol, "sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n")
+	write(t, pol, policyYAML)
 	cfg := filepath.Join(w.Dir, "airlockd.yaml")
 	write(t, cfg, fmt.Sprintf("state_dir: %[1]s/state\nrun_dir: %[1]s/run\nupstream_dns: [\"%[2]s:53\"]\nsandboxes:\n  - name: default\n    subnet: 10.88.0.0/24\n    policy: %[3]s\n",
 		w.Dir, testworld.DNSAddr, pol))
@@ -33,7 +41,7 @@ func apiSetup(t *testing.T) (*testworld.World, string, *testworld.Daemon, string
 	if err != nil {
 		t.Fatal(err)
 	}
-	return w, cfg, d, strings.TrimSpace(string(token))
+	return w, cfg, d, pol, strings.TrimSpace(string(token))
 }
 
 // call sends an API request from the host namespace.

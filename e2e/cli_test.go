@@ -128,7 +128,7 @@ func TestCLI(t *testing.T) {
 	if out, code := cli("set", "default", "approval_timeout", "0"); code != 1 || !strings.Contains(out, "from 1 to 600") {
 		t.Errorf("set approval_timeout 0: %d %s", code, out)
 	}
-	if out, code := cli("set", "default", "color", "blue"); code != 1 || !strings.Contains(out, "unknown_action or approval_timeout") {
+	if out, code := cli("set", "default", "color", "blue"); code != 1 || !strings.Contains(out, "unknown_action, approval_timeout, learn_until or presets") {
 		t.Errorf("set color: %d %s", code, out)
 	}
 	if after, _ := os.ReadFile(pol); string(after) != string(before) {
@@ -147,8 +147,9 @@ func TestCLI(t *testing.T) {
 
 // TestBuiltInConfigSave runs the README's `airlock allow … --save` line
 // against airlockd's built-in config, as a newcomer does right after `make
-// run`: the sandbox's policy file does not exist yet, and saving a rule
-// must create it (state_dir/sandboxes/default.yaml). Then it checks what
+// run`: the sandbox's policy file (state_dir/sandboxes/default.yaml) is
+// created at start with the package-managers preset, and saving a rule
+// adds to it. Then it checks what
 // `make run` says about an unknown host. Only the paths and the upstream
 // DNS are moved into the test's own directory.
 func TestBuiltInConfigSave(t *testing.T) {
@@ -188,7 +189,7 @@ func TestBuiltInConfigSave(t *testing.T) {
 		t.Fatalf("%s: %v\n%s", line[1], err, out)
 	}
 	pol, err := os.ReadFile(filepath.Join(w.Dir, "state", "sandboxes", "default.yaml"))
-	if host := strings.Fields(string(line[1]))[3]; err != nil || !strings.Contains(string(pol), host) {
+	if host := strings.Fields(string(line[1]))[3]; err != nil || !strings.Contains(string(pol), host) || !strings.Contains(string(pol), "  presets: [package-managers]\n") {
 		t.Errorf("policy file after %s: %v\n%s", line[1], err, pol)
 	}
 

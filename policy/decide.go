@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Verdict is the outcome of a decision.
@@ -65,6 +66,12 @@ const (
 	// URL it is given), so each of its requests is asked about unless a
 	// rule naming it allows it.
 	ReasonAskEach
+	// ReasonLearn: no rule matched and the sandbox is learning
+	// (unknown_action learn): let through, recorded as learned.
+	ReasonLearn
+	// ReasonReadOnly: a preset allows the host for reading only, and no
+	// rule allows this method or path.
+	ReasonReadOnly
 )
 
 func (r Reason) String() string {
@@ -87,6 +94,10 @@ func (r Reason) String() string {
 		return "the member is user_added and no allow rule names it as member"
 	case ReasonAskEach:
 		return "the member is a high-risk MCP server: each request is asked about unless a rule naming it allows it"
+	case ReasonLearn:
+		return "learning: no rule matched; let through and recorded as learned (unknown_action learn)"
+	case ReasonReadOnly:
+		return "a preset allows this host for reading only (GET and HEAD); no rule allows this method or path"
 	}
 	return "Reason(" + strconv.Itoa(int(r)) + ")"
 }
@@ -137,21 +148,51 @@ func (d Decision) String() string {
 	return s
 }
 
+// Detail is the reason in words, naming the preset when a preset's rule
+// decided: what a 403 page says.
+func (d Decision) Detail() string {
+	if p := PresetOf(d.Rule); p != "" {
+		return d.Reason.String() + " (rule " + d.Rule.Pattern.String() + " of preset " + p + ")"
+	}
+	return d.Reason.String()
+}
+
+// LearnedVerdict is the verdict a record of traffic learn mode let through
+// carries in the journal.
+const LearnedVerdict = "learned"
+
+// RecordVerdict is the verdict a connection or request record is
+// journalled with: the verdict, or LearnedVerdict for traffic learn mode
+// let through (its reason is ReasonLearn, also behind "intercepted: ").
+func RecordVerdict(v Verdict, reason string) string {
+	if v == Allow && strings.TrimPrefix(reason, "intercepted: ") == ReasonLearn.String() {
+		return LearnedVerdict
+	}
+	return v.String()
+}
+
 // Ruleset is an immutable, indexed set of rules and the action for traffic
 // none of them match. It is safe for concurrent use. A decision costs about
 // the same with a hundred thousand host rules as with ten: exact hosts are a
 // map lookup, wildcards one map lookup per label of the host, and only
 // regexes are scanned.
 type Ruleset struct {
-	deny    index
-	allow   index
+	deny  index
+	allow index
+	// presets indexes the allow rules of presets by host alone: a request
+	// to such a host that no allow rule lets through is denied by it
+	// (ReasonReadOnly), whatever unknown_action says.
+	presets index
 	unknown Action
-	count   int
+	// learnUntil ends learn mode (unknown ActionLearn); zero: ended.
+	learnUntil time.Time
+	now        func() time.Time // nil: time.Now
+	count      int
 }
 
 // NewRuleset indexes rules, which may be of both lists and any tier. For the
 // rule a decision names, earlier rules win over later ones, so pass them in
-// tier order: auto, user, session. unknown decides traffic no rule matches;
+// tier order: auto, preset, user, session. unknown decides traffic no rule matches;
 // zero means ActionDeny.
 func NewRuleset(unknown Action, rules ...[]*Rule) *Ruleset {
 	if unknown == 0 {
@@ -165,6 +206,9 @@ func NewRuleset(unknown Action, rules ...[]*Rule) *Ruleset {
 				rs.deny.add(r)
 			case Allowlist:
 				rs.allow.add(r)
+				if r.Tier == FromPreset {
+					rs.presets.add(r)
+				}
 			default:
 				continue
 			}
@@ -179,6 +223,31 @@ func (rs *Ruleset) Len() int { return rs.count }
 
 // Unknown returns the action for traffic no rule matches.
 func (rs *Ruleset) Unknown() Action { return rs.unknown }
+
+// Learning returns a copy of rs that, with unknown action ActionLearn,
+// learns until until by the clock now (nil: time.Now) and asks from then
+// on.
+func (rs *Ruleset) Learning(until time.Time, now func() time.Time) *Ruleset {
+	c := *rs
+	c.learnUntil, c.now = until, now
+	return &c
+}
+
+// unknownNow is the unknown action in force now: learn mode past its end
+// asks.
+func (rs *Ruleset) unknownNow() Action {
+	if rs.unknown != ActionLearn {
+		return rs.unknown
+	}
+	now := time.Now
+	if rs.now != nil {
+		now = rs.now
+	}
+	if !now().Before(rs.learnUntil) {
+		return ActionAsk
+	}
+	return rs.unknown
+}
 
 // Decide answers q. Deny rules win, then allow rules (auto, user, session),
 // then the unknown action. A raw IP is allowed only by a cidr: rule. A
@@ -215,7 +284,7 @@ func (rs *Ruleset) Decide(q Query) Decision {
 	case q.AskEach:
 		// Intercept, so that each request is seen and asked about.
 		return Decision{Verdict: NeedsL7, Reason: ReasonAskEach}
-	case denyL7 != nil && rs.unknown == ActionAllow:
+	case denyL7 != nil && (rs.unknownNow() == ActionAllow || rs.unknownNow() == ActionLearn):
 		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
 	}
 	return rs.unknownDecision()
@@ -237,6 +306,9 @@ func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
 	if isIP {
 		return Decision{Verdict: Deny, Reason: ReasonRawIP}
 	}
+	if r := rs.presets.forHost(host, q.Source, q.Port, q.MemberOnly || q.AskEach); r != nil {
+		return Decision{Verdict: Deny, Rule: r, Reason: ReasonReadOnly}
+	}
 	return rs.noRuleDecision(q.MemberOnly, q.AskEach)
 }
 
@@ -257,8 +329,10 @@ func (rs *Ruleset) noRuleDecision(memberOnly, askEach bool) Decision {
 }
 
 func (rs *Ruleset) unknownDecision() Decision {
-	d := Decision{Reason: ReasonUnknown, Unknown: rs.unknown}
-	switch rs.unknown {
+	d := Decision{Reason: ReasonUnknown, Unknown: rs.unknownNow()}
+	switch d.Unknown {
+	case ActionLearn:
+		d.Verdict, d.Reason = Allow, ReasonLearn
 	case ActionAllow:
 		d.Verdict = Allow
 	case ActionAsk:
@@ -412,6 +486,19 @@ func (ix *index) matchRequest(host, source string, port uint16, isIP bool, rq *r
 			found = r
 		}
 		return !ok
+	})
+	return found
+}
+
+// forHost returns the first rule whose host part matches host and that
+// applies to source and port, whatever its method or path.
+func (ix *index) forHost(host, source string, port uint16, memberOnly bool) *Rule {
+	var found *Rule
+	ix.candidates(host, false, func(r *Rule) bool {
+		if appliesTo(r, source, port, memberOnly) {
+			found = r
+		}
+		return found == nil
 	})
 	return found
 }

@@ -342,6 +342,18 @@ func (d *decoder) bool(path string, n *yaml.Node) (bool, error) {
 	return b, nil
 }
 
+// time reads an RFC 3339 time, quoted or not.
+func (d *decoder) time(path string, n *yaml.Node) (time.Time, error) {
+	if n.Kind != yaml.ScalarNode || (n.Tag != "!!str" && n.Tag != "!!timestamp") {
+		return time.Time{}, d.errorf(n, path, "want an RFC 3339 time such as \"2025-01-15T10:30:00Z\", got %s", describeNode(n))
+	}
+	t, err := time.Parse(time.RFC3339, n.Value)
+	if err != nil {
+		return time.Time{}, d.errorf(n, path, "%q is not an RFC 3339 time such as \"2025-01-15T10:30:00Z\"", truncate(n.Value, 40))
+	}
+	return t, nil
+}
+
 // int reads a whole number from lo to hi.
 func (d *decoder) int(path string, n *yaml.Node, lo, hi int64) (int64, error) {
 	var i int64
@@ -389,6 +401,31 @@ func (d *decoder) sandbox(n *yaml.Node, s *Spec) error {
 				return d.errorf(v, p, "%v", err)
 			}
 			return nil
+		},
+		"learn_until": func(p string, v *yaml.Node) error {
+			t, err := d.time(p, v)
+			s.LearnUntil = t
+			return err
+		},
+		"presets": func(p string, v *yaml.Node) error {
+			var names []string
+			err := d.items(v, p, func(p string, v *yaml.Node) error {
+				str, err := d.str(p, v)
+				if err != nil {
+					return err
+				}
+				if _, err := CheckPresets([]string{str}); err != nil {
+					return &FileError{File: d.file, Line: v.Line, Key: p, Err: err}
+				}
+				names = append(names, str)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			s.Presets, err = CheckPresets(names)
+			s.Preset = PresetRules(s.Presets)
+			return err
 		},
 		"approval_timeout": func(p string, v *yaml.Node) error {
 			secs, err := d.int(p, v, 1, int64(MaxApprovalTimeout/time.Second))
@@ -518,16 +555,9 @@ func (d *decoder) entries(path string, n *yaml.Node, l List) ([]*Rule, error) {
 				e.Pattern, err = d.str(p, v)
 				return err
 			},
-			"added": func(p string, v *yaml.Node) error {
-				if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!timestamp") {
-					return d.errorf(v, p, "want an RFC 3339 time such as \"2025-01-15T10:30:00Z\", got %s", describeNode(v))
-				}
-				t, err := time.Parse(time.RFC3339, v.Value)
-				if err != nil {
-					return d.errorf(v, p, "%q is not an RFC 3339 time such as \"2025-01-15T10:30:00Z\"", truncate(v.Value, 40))
-				}
-				e.Added = t
-				return nil
+			"added": func(p string, v *yaml.Node) (err error) {
+				e.Added, err = d.time(p, v)
+				return err
 			},
 			"source": func(p string, v *yaml.Node) (err error) {
 				e.Source, err = d.str(p, v)

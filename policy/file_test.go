@@ -180,6 +180,8 @@ func TestParseSpecErrors(t *testing.T) {
 		{name: "sessions env of airlock", file: "bad-sessions-env.yaml", want: []string{":4: sandbox.sessions.env[1]: AIRLOCK_TOKEN: AIRLOCK_ variables are airlock's own"}},
 		{name: "sessions timeout 0", file: "bad-sessions-timeout.yaml", want: []string{":4: sandbox.sessions.timeout: 0 is out of range; want 1 to 3600"}},
 		{name: "sessions unknown key", file: "bad-sessions-key.yaml", want: []string{":4: sandbox.sessions.max_session: unknown key; want one of command, env, idle_cleanup, image, max_sessions, resources, timeout, user"}},
+		{name: "unknown preset", file: "bad-preset.yaml", want: []string{`:2: sandbox.presets[1]: unknown preset "pypi": want one of python, node, go`}, is: ErrUnknownPreset},
+		{name: "bad learn_until", file: "bad-learn-until.yaml", want: []string{`:3: sandbox.learn_until: "tomorrow" is not an RFC 3339 time`}},
 		{name: "syntax", file: "bad-syntax.yaml", want: []string{": invalid YAML:"}},
 		{name: "top level is a list", file: "bad-top-level-list.yaml", want: []string{":1: the file's top level is a list"}},
 		{name: "user is a string", file: "bad-user-not-list.yaml", want: []string{`:3: sandbox.network_allowlist.user: want a list, got the string "api.example.com"`}},

@@ -38,6 +38,9 @@ const (
 	User
 	// Session rules live in memory only and vanish when airlockd stops.
 	Session
+	// FromPreset rules come from the presets the policy file turns on
+	// (presets: [python]); they are read-only, like auto rules.
+	FromPreset
 )
 
 func (t Tier) String() string {
@@ -48,6 +51,8 @@ func (t Tier) String() string {
 		return "user"
 	case Session:
 		return "session"
+	case FromPreset:
+		return "preset"
 	}
 	return fmt.Sprintf("Tier(%d)", uint8(t))
 }

@@ -54,6 +54,10 @@ type Sandbox struct {
 	mu      sync.Mutex
 	spec    *Spec
 	session []*Rule
+	// learnUntil is when learn mode ends: the spec's LearnUntil, or
+	// DefaultLearnFor after learn mode without one was put in force;
+	// zero when the sandbox is not in learn mode.
+	learnUntil time.Time
 }
 
 // OpenSandbox loads the sandbox's policy file. An invalid file is an error
@@ -193,12 +197,28 @@ func (s *Sandbox) Spec() Spec {
 	c.Auto = slices.Clone(c.Auto)
 	c.User = slices.Clone(c.User)
 	c.Deny = slices.Clone(c.Deny)
+	c.Presets = slices.Clone(c.Presets)
+	c.Preset = slices.Clone(c.Preset)
+	if c.UnknownAction == ActionLearn {
+		c.LearnUntil = s.learnUntil
+	}
 	c.MCPServers = slices.Clone(c.MCPServers)
 	return c
 }
 
-// Rules returns every rule: the allowlist's auto, user and session rules,
-// then the denylist's user and session rules.
+// LearnUntil returns when learn mode ends, or zero when the sandbox is not
+// in learn mode or its learn mode has ended (it asks).
+func (s *Sandbox) LearnUntil() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.spec.UnknownAction != ActionLearn || !s.now().Before(s.learnUntil) {
+		return time.Time{}
+	}
+	return s.learnUntil
+}
+
+// Rules returns every rule: the allowlist's auto, preset, user and session
+// rules, then the denylist's user and session rules.
 func (s *Sandbox) Rules() []*Rule {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -208,6 +228,7 @@ func (s *Sandbox) Rules() []*Rule {
 func (s *Sandbox) rulesLocked() []*Rule {
 	var out []*Rule
 	out = append(out, s.spec.Auto...)
+	out = append(out, s.spec.Preset...)
 	out = append(out, s.spec.User...)
 	for _, r := range s.session {
 		if r.List == Allowlist {
@@ -316,6 +337,11 @@ func (s *Sandbox) Remove(id string) (*Rule, error) {
 				return nil, fmt.Errorf("remove rule %s (%s): %w; remove its MCP server or auto entry from %s", id, r.Pattern, ErrAutoRule, s.path)
 			}
 		}
+		for _, r := range s.spec.Preset {
+			if r.ID == id {
+				return nil, fmt.Errorf("remove rule %s (%s): %w; turn its preset %s off in presets", id, r.Pattern, ErrPresetRule, PresetOf(r))
+			}
+		}
 		return nil, fmt.Errorf("remove rule %s: %w", id, ErrNoRule)
 	}
 	removed, err := removeRule(s.path, list, id, s.diskHooksLocked())
@@ -401,6 +427,15 @@ func (s *Sandbox) reloadLocked(session []*Rule) error {
 
 // setLocked installs a new spec and session rules and compiles them.
 func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
+	switch {
+	case spec.UnknownAction != ActionLearn:
+		s.learnUntil = time.Time{}
+	case !spec.LearnUntil.IsZero():
+		s.learnUntil = spec.LearnUntil
+	case s.spec == nil || s.spec.UnknownAction != ActionLearn || !s.spec.LearnUntil.IsZero():
+		// Learn mode without an end was just set: it lasts the default.
+		s.learnUntil = s.now().Add(DefaultLearnFor)
+	}
 	s.spec, s.session = spec, session
 	s.inspectAll.Store(spec.Inspect == InspectAll)
 	s.allowECH.Store(spec.AllowECH)
@@ -415,14 +450,21 @@ func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
 		s.rs.Store(NewRuleset(ActionDeny))
 		return
 	}
-	s.rs.Store(NewRuleset(spec.UnknownAction, spec.Deny, spec.Auto, spec.User, session))
+	s.rs.Store(NewRuleset(spec.UnknownAction, spec.Deny, spec.Auto, spec.Preset, spec.User, session).Learning(s.learnUntil, s.now))
 }
 
 // SetSettings changes the sandbox's scalar settings in its policy file and
 // puts them in force for the next decision and the next held request
 // (requests already held keep their deadline). It returns the settings now
 // in force. On error nothing changed.
+//
+// Turning learn mode on without LearnUntil sets it DefaultLearnFor from
+// now.
 func (s *Sandbox) SetSettings(set Settings) (Spec, error) {
+	if set.UnknownAction != nil && *set.UnknownAction == ActionLearn && set.LearnUntil == nil {
+		until := s.now().Add(DefaultLearnFor).UTC().Truncate(time.Second)
+		set.LearnUntil = &until
+	}
 	if err := set.Validate(); err != nil {
 		return Spec{}, err
 	}
@@ -467,6 +509,8 @@ func (s *Sandbox) Replace(req ReplaceRequest) (old, repl *Rule, err error) {
 		return nil, nil, fmt.Errorf("replace rule %s: %w", req.ID, ErrNoRule)
 	case cur.Tier == Auto:
 		return nil, nil, fmt.Errorf("replace rule %s (%s): %w; edit its MCP server or auto entry in %s", req.ID, cur.Pattern, ErrAutoRule, s.path)
+	case cur.Tier == FromPreset:
+		return nil, nil, fmt.Errorf("replace rule %s (%s): %w; turn its preset %s off in presets and add a rule of your own", req.ID, cur.Pattern, ErrPresetRule, PresetOf(cur))
 	}
 	p, err := Parse(req.Pattern, ParseOptions{Force: req.Force || cur.List == Denylist})
 	if err != nil {

@@ -22,20 +22,35 @@ type Settings struct {
 	// ApprovalTimeout is a whole number of seconds from 1 s to
 	// MaxApprovalTimeout.
 	ApprovalTimeout *time.Duration
+	// LearnUntil ends learn mode; Sandbox.SetSettings fills it in
+	// (DefaultLearnFor from now) when UnknownAction turns learn on
+	// without it.
+	LearnUntil *time.Time
+	// Presets replaces the list of presets (see CheckPresets); an empty
+	// list turns them all off.
+	Presets *[]string
 }
 
 // Validate returns an error that says what is wrong with s, and what is
 // allowed.
 func (s Settings) Validate() error {
 	if s.UnknownAction != nil {
-		if a := *s.UnknownAction; a != ActionAsk && a != ActionDeny && a != ActionAllow {
-			return fmt.Errorf("unknown_action %v: want ask, deny or allow", a)
+		if a := *s.UnknownAction; a != ActionAsk && a != ActionDeny && a != ActionAllow && a != ActionLearn {
+			return fmt.Errorf("unknown_action %v: want ask, deny, learn or allow", a)
 		}
 	}
 	if s.ApprovalTimeout != nil {
 		d := *s.ApprovalTimeout
 		if d < time.Second || d > MaxApprovalTimeout || d%time.Second != 0 {
 			return fmt.Errorf("approval_timeout %v: want a whole number of seconds from 1 to %d", d, int(MaxApprovalTimeout/time.Second))
+		}
+	}
+	if s.LearnUntil != nil && s.LearnUntil.IsZero() {
+		return errors.New("learn_until: want a time, such as 2025-01-15T10:30:00Z")
+	}
+	if s.Presets != nil {
+		if _, err := CheckPresets(*s.Presets); err != nil {
+			return fmt.Errorf("presets: %w", err)
 		}
 	}
 	return nil
@@ -51,6 +66,13 @@ func (s Settings) scalars() [][2]string {
 	if s.ApprovalTimeout != nil {
 		out = append(out, [2]string{"approval_timeout", strconv.Itoa(int(*s.ApprovalTimeout / time.Second))})
 	}
+	if s.LearnUntil != nil {
+		out = append(out, [2]string{"learn_until", `"` + s.LearnUntil.UTC().Truncate(time.Second).Format(time.RFC3339) + `"`})
+	}
+	if s.Presets != nil {
+		names, _ := CheckPresets(*s.Presets)
+		out = append(out, [2]string{"presets", "[" + strings.Join(names, ", ") + "]"})
+	}
 	return out
 }
 
@@ -60,6 +82,13 @@ func (s Settings) applyTo(spec *Spec) {
 	}
 	if s.ApprovalTimeout != nil {
 		spec.ApprovalTimeout = *s.ApprovalTimeout
+	}
+	if s.LearnUntil != nil {
+		spec.LearnUntil = s.LearnUntil.UTC().Truncate(time.Second)
+	}
+	if s.Presets != nil {
+		spec.Presets, _ = CheckPresets(*s.Presets)
+		spec.Preset = PresetRules(spec.Presets)
 	}
 }
 
@@ -133,6 +162,25 @@ func (t *policyText) setScalar(root *yaml.Node, key, value string) ([]byte, erro
 	if sk == nil {
 		// Settings go first in the section, where a reader looks for them.
 		return t.apply(t.insertAfter(kn.Line-1, []string{line(v.Column - 1)})), nil
+	}
+	switch {
+	case isNull(sv) && sv.Value == "":
+		// "key:" with nothing after it: the value goes after the colon.
+		at := t.offset(sk.Line, sk.Column) + len(key)
+		if at >= len(t.data) || t.data[at] != ':' {
+			return nil, fmt.Errorf("sandbox.%s: write the key as a plain word so airlock can edit it", key)
+		}
+		at++
+		return t.apply(splice{at: at, end: at, text: " " + value}), nil
+	case sv.Kind == yaml.SequenceNode && sv.Style&yaml.FlowStyle != 0:
+		cut, _, err := t.cutValue(sv, sk)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox.%s: %w", key, err)
+		}
+		cut.text = " " + value
+		return t.apply(cut), nil
+	case sv.Kind == yaml.SequenceNode:
+		return nil, fmt.Errorf("sandbox.%s is a list written over several lines; write it on one line as %s: [a, b] so airlock can edit it", key, key)
 	}
 	at, end, err := t.scalarSpan(sv)
 	if err != nil {

@@ -92,6 +92,36 @@ func TestSetSettings(t *testing.T) {
 			want:    "sandbox:\n  approval_timeout: 600\n",
 		},
 		{
+			name: "presets inserted",
+			file: "sandbox:\n  enabled: true\n",
+			set:  Settings{Presets: ptr([]string{"Python", "github", "python"})},
+			want: "sandbox:\n  presets: [python, github]\n  enabled: true\n",
+		},
+		{
+			name: "presets replaced in flow style, comment kept",
+			file: "sandbox:\n  presets: [python]   # registries\n  enabled: true\n",
+			set:  Settings{Presets: ptr([]string{"node", "go"})},
+			want: "sandbox:\n  presets: [node, go]   # registries\n  enabled: true\n",
+		},
+		{
+			name: "presets turned off",
+			file: "sandbox:\n  presets: [python, github]\n",
+			set:  Settings{Presets: ptr([]string{})},
+			want: "sandbox:\n  presets: []\n",
+		},
+		{
+			name: "presets after an empty key",
+			file: "sandbox:\n  presets:\n  enabled: true\n",
+			set:  Settings{Presets: ptr([]string{"rust"})},
+			want: "sandbox:\n  presets: [rust]\n  enabled: true\n",
+		},
+		{
+			name: "learn with its end",
+			file: "sandbox:\n  unknown_action: ask\n",
+			set:  Settings{UnknownAction: ptr(ActionLearn), LearnUntil: ptr(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC))},
+			want: "sandbox:\n  learn_until: \"2030-01-02T03:04:05Z\"\n  unknown_action: learn\n",
+		},
+		{
 			name: "same value: file untouched",
 			file: "sandbox:\n  unknown_action:   deny # same\n",
 			set:  deny,
@@ -122,6 +152,12 @@ func TestSetSettings(t *testing.T) {
 			if tc.set.ApprovalTimeout != nil && spec.ApprovalTimeout != *tc.set.ApprovalTimeout {
 				t.Errorf("approval_timeout = %v", spec.ApprovalTimeout)
 			}
+			if tc.set.Presets != nil {
+				want, _ := CheckPresets(*tc.set.Presets)
+				if diff := cmp.Diff(want, spec.Presets); diff != "" || len(spec.Preset) != len(PresetRules(want)) {
+					t.Errorf("presets (-want +got):\n%s (%d rules)", diff, len(spec.Preset))
+				}
+			}
 		})
 	}
 }
@@ -135,13 +171,16 @@ func TestSetSettingsRefuses(t *testing.T) {
 		{"timeout 0", "sandbox:\n  approval_timeout: 30\n", Settings{ApprovalTimeout: ptr(time.Duration(0))}, "whole number of seconds from 1 to 600"},
 		{"timeout too long", "sandbox: {}\n", Settings{ApprovalTimeout: ptr(601 * time.Second)}, "from 1 to 600"},
 		{"timeout not whole seconds", "", Settings{ApprovalTimeout: ptr(1500 * time.Millisecond)}, "whole number"},
-		{"unknown action", "", Settings{UnknownAction: ptr(Action(9))}, "want ask, deny or allow"},
+		{"unknown action", "", Settings{UnknownAction: ptr(Action(9))}, "want ask, deny, learn or allow"},
 		{"bad YAML", "sandbox:\n  unknown_action: [\n", Settings{UnknownAction: ptr(ActionDeny)}, "invalid YAML"},
 		{"file does not load", "sandbox:\n  unknown_action: maybe\n", Settings{UnknownAction: ptr(ActionDeny)}, "unknown action \"maybe\""},
 		{"flow sandbox", "sandbox: {unknown_action: ask}\n", Settings{UnknownAction: ptr(ActionDeny)}, "flow style"},
 		{"flow top level", "{sandbox: {}}\n", Settings{UnknownAction: ptr(ActionDeny)}, "flow style"},
 		{"block scalar", "sandbox:\n  unknown_action: >-\n    ask\n", Settings{UnknownAction: ptr(ActionDeny)}, "one line"},
 		{"tagged", "sandbox:\n  unknown_action: !!str ask\n", Settings{UnknownAction: ptr(ActionDeny)}, "one line"},
+		{"unknown preset", "sandbox:\n  presets: [python]\n", Settings{Presets: ptr([]string{"python", "pythn"})}, `unknown preset "pythn": want one of python, node`},
+		{"presets in block style", "sandbox:\n  presets:\n    - python\n", Settings{Presets: ptr([]string{"go"})}, "write it on one line as presets: [a, b]"},
+		{"zero learn_until", "", Settings{LearnUntil: ptr(time.Time{})}, "learn_until: want a time"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "app.yaml")

@@ -19,7 +19,15 @@ const (
 	// ActionAllow lets it through. It defeats the allowlist; only for
 	// learning what an agent needs.
 	ActionAllow
+	// ActionLearn lets it through and records it as learned until the
+	// sandbox's LearnUntil, then asks (ActionAsk): a bounded way to learn
+	// what an agent needs and turn it into rules (see Propose).
+	ActionLearn
 )
+
+// DefaultLearnFor is how long learn mode lasts when learn_until is not
+// given: from the moment the mode is set.
+const DefaultLearnFor = time.Hour
 
 func (a Action) String() string {
 	switch a {
@@ -29,13 +37,17 @@ func (a Action) String() string {
 		return "deny"
 	case ActionAllow:
 		return "allow"
+	case ActionLearn:
+		return "learn"
 	}
 	return fmt.Sprintf("Action(%d)", uint8(a))
 }
 
-// ParseAction reads "ask", "deny" or "allow".
+// ParseAction reads "ask", "deny", "learn" or "allow".
 func ParseAction(s string) (Action, error) {
 	switch s {
+	case "learn":
+		return ActionLearn, nil
 	case "ask":
 		return ActionAsk, nil
 	case "deny":
@@ -43,7 +55,7 @@ func ParseAction(s string) (Action, error) {
 	case "allow":
 		return ActionAllow, nil
 	}
-	return 0, fmt.Errorf("unknown action %q: want ask, deny or allow", s)
+	return 0, fmt.Errorf("unknown action %q: want ask, deny, learn or allow", s)
 }
 
 // Inspect says which allowed TLS connections the proxy intercepts.
@@ -150,8 +162,12 @@ type Resources struct {
 // Spec is what a sandbox policy file says, converted and validated: the
 // domain model of the "sandbox:" section.
 type Spec struct {
-	Enabled         bool
-	UnknownAction   Action
+	Enabled       bool
+	UnknownAction Action
+	// LearnUntil ends learn mode (UnknownAction ActionLearn): from then on
+	// the sandbox asks. Zero with ActionLearn means DefaultLearnFor after
+	// the policy was put in force (see Sandbox).
+	LearnUntil      time.Time
 	ApprovalTimeout time.Duration // how long a held request waits for a person
 	Inspect         Inspect
 	// AllowECH lets a ClientHello with encrypted_client_hello be spliced;
@@ -160,8 +176,12 @@ type Spec struct {
 	AllowECH bool
 	// Auto holds the rules airlock manages: the file's network_allowlist.auto
 	// entries and the domains of known MCP servers in MCPServers.
-	Auto       []*Rule
-	User       []*Rule // network_allowlist.user
+	Auto []*Rule
+	User []*Rule // network_allowlist.user
+	// Presets are the names of the presets the file turns on, checked and
+	// lower-cased; Preset holds their rules (tier FromPreset).
+	Presets    []string
+	Preset     []*Rule
 	Deny       []*Rule // network_denylist
 	MCPServers []MCPServer
 	Resources  Resources

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Widens lists, in words a person reads, how the policy next would give
@@ -11,8 +12,9 @@ import (
 // non-nil.
 //
 // It counts: enabled turned on; unknown_action moving up the order
-// deny < ask < allow; inspect going from all to needed; allow_ech turned
-// on; an allow rule
+// deny < ask < learn < allow; learn_until moved later (or dropped, so the
+// default hour starts again) while learning; a preset turned on; inspect
+// going from all to needed; allow_ech turned on; an allow rule
 // (auto or user, compared by pattern and member) in next and not in old; a
 // deny rule in old and not in next; an MCP server added, its trust raised
 // (user_added < verified < builtin), or its image or command changed;
@@ -26,6 +28,15 @@ func Widens(old, next *Spec) []string {
 	}
 	if actionRank(next.UnknownAction) > actionRank(old.UnknownAction) {
 		out = append(out, fmt.Sprintf("unknown_action: %s → %s", old.UnknownAction, next.UnknownAction))
+	}
+	if old.UnknownAction == ActionLearn && next.UnknownAction == ActionLearn && !next.LearnUntil.Equal(old.LearnUntil) &&
+		(next.LearnUntil.IsZero() || next.LearnUntil.After(old.LearnUntil)) {
+		out = append(out, fmt.Sprintf("learn_until: %s → %s", learnEnd(old.LearnUntil), learnEnd(next.LearnUntil)))
+	}
+	for _, p := range next.Presets {
+		if !slices.Contains(old.Presets, p) {
+			out = append(out, "preset turned on: "+p)
+		}
 	}
 	if old.Inspect == InspectAll && next.Inspect != InspectAll {
 		out = append(out, fmt.Sprintf("inspect: %s → %s", old.Inspect, next.Inspect))
@@ -74,10 +85,20 @@ func actionRank(a Action) int {
 		return 0
 	case ActionAsk:
 		return 1
-	case ActionAllow:
+	case ActionLearn:
 		return 2
+	case ActionAllow:
+		return 3
 	}
-	return 3 // unknown: treat as the widest, so a change to it is asked about
+	return 4 // unknown: treat as the widest, so a change to it is asked about
+}
+
+// learnEnd names learn_until in a widening message.
+func learnEnd(t time.Time) string {
+	if t.IsZero() {
+		return "(an hour from when it is put in force)"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 // trustRank orders trust levels by how much a member reaches.

@@ -26,6 +26,10 @@ import (
 // rule with the given ID.
 var ErrNoRule = errors.New("no such rule")
 
+// ErrPresetRule is wrapped by the error for an edit of a rule a preset
+// brings: preset rules are read-only.
+var ErrPresetRule = errors.New("the rule comes from a preset and is read-only")
+
 // ErrAutoRule is wrapped by RemoveRule's error when the ID names an auto
 // rule, which airlock manages.
 var ErrAutoRule = errors.New("auto rules are managed by airlock")
@@ -207,7 +211,8 @@ func sameNode(a, b *yaml.Node) bool {
 }
 
 func sameSpec(a, b *Spec) bool {
-	return a.Enabled == b.Enabled && a.UnknownAction == b.UnknownAction &&
+	return a.Enabled == b.Enabled && a.UnknownAction == b.UnknownAction && a.LearnUntil.Equal(b.LearnUntil) &&
+		slices.Equal(a.Presets, b.Presets) &&
 		a.ApprovalTimeout == b.ApprovalTimeout && a.Inspect == b.Inspect &&
 		slices.EqualFunc(a.MCPServers, b.MCPServers, MCPServer.Equal) && a.Resources == b.Resources && a.Sessions.Equal(b.Sessions) &&
 		slices.EqualFunc(a.Auto, b.Auto, sameRule) &&

@@ -215,7 +215,8 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	default:
-		rec.Reason = d.Reason.String()
+		// Detail names a preset whose read-only rule refused the request.
+		rec.Reason = d.Detail()
 		h.forbid(rw, r, &rec)
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -31,9 +32,13 @@ func viewSandbox(sb Sandbox) SandboxView {
 		MCPServers: mcp,
 		Name:       sb.Name(), Subnet: sb.Subnet(), Policy: sb.Policy().Path(), Enabled: spec.Enabled,
 		UnknownAction: spec.UnknownAction.String(), ApprovalTimeout: int(spec.ApprovalTimeout / time.Second),
+		LearnUntil: learnUntil(sb.Policy()), Presets: presetNames(spec),
 		Inspect: spec.Inspect.String(), Rules: len(sb.Policy().Rules()), Pending: len(sb.Broker().List()),
 	}
 }
+
+// presetHint says how to drop a preset's rule.
+const presetHint = `preset rules follow presets in the policy file: PATCH settings {"presets": [...]} without it`
 
 func (s *Server) listSandboxes(c echo.Context) error {
 	out := []SandboxView{}
@@ -65,6 +70,9 @@ func (s *Server) createSandbox(c echo.Context) error {
 		Name   string `json:"name"`
 		Policy string `json:"policy"`
 		Subnet string `json:"subnet"`
+		// Presets are written to the policy file; left out, a policy file
+		// that does not exist yet starts with policy.DefaultPresets.
+		Presets *[]string `json:"presets"`
 	}
 	if err := decode(c, &b); err != nil {
 		return err
@@ -72,9 +80,30 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if b.Name == "" || b.Subnet == "" {
 		return fail(http.StatusBadRequest, "name and subnet are required", `send {"name": "myapp", "subnet": "10.88.5.0/24", "policy": "/path/to/app.yaml"}`)
 	}
+	if b.Presets != nil {
+		names, err := policy.CheckPresets(*b.Presets)
+		if err != nil {
+			return fail(http.StatusBadRequest, "presets: "+err.Error(), "GET /api/v1/presets lists them; send [] for none")
+		}
+		b.Presets = &names
+	}
 	sb, err := s.cfg.Manager.CreateSandbox(b.Name, b.Policy, b.Subnet)
 	if err != nil {
 		return managerError(err)
+	}
+	if b.Presets == nil {
+		if _, err := os.Stat(sb.Policy().Path()); errors.Is(err, os.ErrNotExist) {
+			b.Presets = &policy.DefaultPresets
+		}
+	}
+	if b.Presets != nil {
+		if _, err := sb.Policy().SetSettings(policy.Settings{Presets: b.Presets}); err != nil {
+			// Nothing half made: the sandbox goes again.
+			if derr := s.cfg.Manager.DeleteSandbox(b.Name); derr != nil {
+				s.log.Warn("remove sandbox after a failed create", "sandbox", b.Name, "err", derr)
+			}
+			return fail(http.StatusBadRequest, "presets: "+err.Error(), "the sandbox was not created")
+		}
 	}
 	return c.JSON(http.StatusCreated, viewSandbox(sb))
 }
@@ -168,6 +197,8 @@ func (s *Server) removeRule(l policy.List) echo.HandlerFunc {
 		switch {
 		case errors.Is(err, policy.ErrAutoRule):
 			return fail(http.StatusConflict, err.Error(), "auto rules follow mcp_servers and network_allowlist.auto in the policy file")
+		case errors.Is(err, policy.ErrPresetRule):
+			return fail(http.StatusConflict, err.Error(), presetHint)
 		case isHeldEdit(err):
 			return failHeldEdit(err)
 		case err != nil:

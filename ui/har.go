@@ -10,6 +10,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/policy"
 )
 
 // HAR 1.2 (http://www.softwareishard.com/blog/har-12-spec/), the parts
@@ -132,7 +133,7 @@ func harFrom(e audit.Entry) harEntry {
 		return h
 	}
 	status := 200
-	if e.Verdict != "allow" {
+	if e.Verdict != "allow" && e.Verdict != policy.LearnedVerdict {
 		status = 403
 	}
 	h.ServerIPAddress = hostOnly(e.Upstream)

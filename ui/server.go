@@ -285,6 +285,7 @@ func (s *Server) routes() *echo.Echo {
 	s.webRoutes(e)
 	api := e.Group("/api/v1", s.auth)
 	api.GET("/sandboxes", s.listSandboxes)
+	api.GET("/presets", s.listPresets)
 	if s.cfg.Manager != nil {
 		api.POST("/sandboxes", s.createSandbox)
 		api.DELETE("/sandboxes/:sb", s.deleteSandbox)
@@ -299,6 +300,8 @@ func (s *Server) routes() *echo.Echo {
 		sb.DELETE("/"+name+"/:id", s.removeRule(l))
 		sb.PUT("/"+name+"/:id", s.replaceRule(l))
 	}
+	sb.GET("/proposal", s.getProposal)
+	sb.POST("/proposal", s.saveProposal)
 	sb.GET("/settings", s.getSettings)
 	sb.PATCH("/settings", s.patchSettings)
 	sb.POST("/allowlist/test", s.testPattern)

@@ -18,11 +18,11 @@ const settingsFile = "name: myapp  # stays\nsandbox:\n  unknown_action: ask   # 
 func TestSettingsThroughTheAPI(t *testing.T) {
 	h := newAPI(t, settingsFile)
 	code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/settings", "")
-	if code != 200 || body != `{"unknown_action":"ask","approval_timeout":30,"allow_ech":false}`+"\n" {
+	if code != 200 || body != `{"unknown_action":"ask","approval_timeout":30,"presets":[],"allow_ech":false}`+"\n" {
 		t.Errorf("GET settings: %d %s", code, body)
 	}
 	code, body = h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"unknown_action": "deny", "approval_timeout": 45}`)
-	if code != 200 || body != `{"unknown_action":"deny","approval_timeout":45,"allow_ech":false}`+"\n" {
+	if code != 200 || body != `{"unknown_action":"deny","approval_timeout":45,"presets":[],"allow_ech":false}`+"\n" {
 		t.Errorf("PATCH settings: %d %s", code, body)
 	}
 	file, _ := os.ReadFile(h.policy)
@@ -54,8 +54,8 @@ func TestBadSettingsChangeNothing(t *testing.T) {
 		name, body, want string
 	}{
 		{"empty", `{}`, "no setting to change"},
-		{"unknown action", `{"unknown_action": "maybe"}`, "want ask, deny or allow"},
-		{"upper case", `{"unknown_action": "DENY"}`, "want ask, deny or allow"},
+		{"unknown action", `{"unknown_action": "maybe"}`, "want ask, deny, learn or allow"},
+		{"upper case", `{"unknown_action": "DENY"}`, "want ask, deny, learn or allow"},
 		{"zero timeout", `{"approval_timeout": 0}`, "from 1 to 600"},
 		{"negative timeout", `{"approval_timeout": -5}`, "from 1 to 600"},
 		{"too long", `{"approval_timeout": 3601}`, "from 1 to 600"},

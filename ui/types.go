@@ -11,16 +11,19 @@ import (
 
 // SandboxView is a sandbox as GET /sandboxes and GET /sandboxes/{sb} show it.
 type SandboxView struct {
-	Name            string    `json:"name"`
-	Subnet          string    `json:"subnet"`
-	Policy          string    `json:"policy"`
-	Enabled         bool      `json:"enabled"`
-	UnknownAction   string    `json:"unknown_action"`
-	ApprovalTimeout int       `json:"approval_timeout"`
-	Inspect         string    `json:"inspect"`
-	Rules           int       `json:"rules"`
-	Pending         int       `json:"pending"`
-	MCPServers      []MCPView `json:"mcp_servers"`
+	Name            string `json:"name"`
+	Subnet          string `json:"subnet"`
+	Policy          string `json:"policy"`
+	Enabled         bool   `json:"enabled"`
+	UnknownAction   string `json:"unknown_action"`
+	ApprovalTimeout int    `json:"approval_timeout"`
+	Inspect         string `json:"inspect"`
+	// LearnUntil is when learn mode ends, while the sandbox learns.
+	LearnUntil *time.Time `json:"learn_until,omitempty"`
+	Presets    []string   `json:"presets"`
+	Rules      int        `json:"rules"`
+	Pending    int        `json:"pending"`
+	MCPServers []MCPView  `json:"mcp_servers"`
 }
 
 // MCPView is one of a sandbox's MCP servers and what it reaches.
@@ -38,13 +41,30 @@ type RuleView struct {
 	ID      string     `json:"id"`
 	Pattern string     `json:"pattern"`
 	Type    string     `json:"type"` // policy.Pattern.Form: exact, wildcard, path, wildcard-path, method, regex, cidr, any
-	Tier    string     `json:"tier"` // auto, user, session
+	Tier    string     `json:"tier"` // auto, preset, user, session
 	List    string     `json:"list"`
-	Source  string     `json:"source,omitempty"`
+	Source  string     `json:"source,omitempty"` // "preset:NAME" for a preset's rules
 	Member  string     `json:"member,omitempty"`
 	Added   *time.Time `json:"added,omitempty"`
 	Forced  bool       `json:"forced,omitempty"`
 	LLM     bool       `json:"llm,omitempty"` // the pattern names a known LLM API
+}
+
+// PresetView is a preset as GET /presets lists it.
+type PresetView struct {
+	Name        string            `json:"name"`
+	Description string            `json:"description"`
+	Entries     []PresetEntryView `json:"entries"`
+	Includes    []string          `json:"includes"`
+	// Patterns are the rules the preset brings, includes too.
+	Patterns []string `json:"patterns"`
+}
+
+// PresetEntryView is one host of a preset.
+type PresetEntryView struct {
+	Host     string   `json:"host"`
+	Patterns []string `json:"patterns"`
+	Why      string   `json:"why"`
 }
 
 // AddRuleBody is the body of POST …/allowlist and …/denylist.
@@ -99,9 +119,13 @@ type DecideBody struct {
 
 // SettingsView answers GET and PATCH …/settings.
 type SettingsView struct {
-	UnknownAction   string `json:"unknown_action"`
-	ApprovalTimeout int    `json:"approval_timeout"` // seconds
-	AllowECH        bool   `json:"allow_ech"`        // read-only here: set in the policy file
+	UnknownAction string `json:"unknown_action"`
+	// LearnUntil is when learn mode ends (unknown_action learn); it asks
+	// from then on.
+	LearnUntil      *time.Time `json:"learn_until,omitempty"`
+	ApprovalTimeout int        `json:"approval_timeout"` // seconds
+	Presets         []string   `json:"presets"`
+	AllowECH        bool       `json:"allow_ech"` // read-only here: set in the policy file
 }
 
 // SettingsPatch is the body of PATCH …/settings: a field left out stays as
@@ -109,4 +133,8 @@ type SettingsView struct {
 type SettingsPatch struct {
 	UnknownAction   *string `json:"unknown_action,omitempty"`
 	ApprovalTimeout *int64  `json:"approval_timeout,omitempty"`
+	// LearnUntil is an RFC 3339 time or a duration from now ("2h"); with
+	// unknown_action learn and no learn_until, an hour from now.
+	LearnUntil *string   `json:"learn_until,omitempty"`
+	Presets    *[]string `json:"presets,omitempty"`
 }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -111,6 +112,7 @@ var (
 	flagSource, flagVer string
 	flagLimit           int
 	flagOut             string
+	flagSince           string
 )
 
 func apiCommands() map[string]apiCommand {
@@ -157,7 +159,13 @@ func apiCommands() map[string]apiCommand {
 			// printed there.
 			return sessionmcp.NewServer(c.Sessions(flagSandbox), flagSandbox).Run(ctx, &mcp.StdioTransport{})
 		}},
-		"set": {name: "set", usage: "set SANDBOX unknown_action ask|deny|allow  |  set SANDBOX approval_timeout SECONDS", min: 3, max: 3, run: cmdSet},
+		"set": {name: "set", usage: "set SANDBOX unknown_action ask|deny|learn|allow  |  approval_timeout SECONDS  |  learn_until TIME|DURATION  |  presets NAME,NAME|none",
+			min: 3, max: 3, run: cmdSet},
+		"presets": {name: "presets", usage: "presets", run: cmdPresets},
+		"propose": {name: "propose", usage: "propose SANDBOX [--since 1h] [--save]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&flagSince, "since", "", "only traffic since this long ago (1h) or this time (RFC 3339); default all the log holds")
+			fs.BoolVar(&flagSave, "save", false, "save the patterns that are neither covered nor flagged to the policy file")
+		}, run: cmdPropose},
 		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			var pem []byte
 			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {
@@ -245,9 +253,13 @@ func cmdLs(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 		}
 		var rows [][]string
 		for _, s := range sbs {
-			rows = append(rows, []string{s.Name, s.Subnet, s.UnknownAction, fmt.Sprint(s.Rules), fmt.Sprint(s.Pending), s.Policy})
+			presets := strings.Join(s.Presets, ",")
+			if presets == "" {
+				presets = "-"
+			}
+			rows = append(rows, []string{s.Name, s.Subnet, unknownAction(s.UnknownAction, s.LearnUntil, time.Now()), presets, fmt.Sprint(s.Rules), fmt.Sprint(s.Pending), s.Policy})
 		}
-		table("SANDBOX\tSUBNET\tUNKNOWN\tRULES\tPENDING\tPOLICY", rows)
+		table("SANDBOX\tSUBNET\tUNKNOWN\tPRESETS\tRULES\tPENDING\tPOLICY", rows)
 		return nil
 	}
 	var rules []ui.RuleView
@@ -533,8 +545,16 @@ func cmdSet(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			return fmt.Errorf("approval_timeout %q: want whole seconds, such as 60", a[2])
 		}
 		body.ApprovalTimeout = &n
+	case "learn_until":
+		body.LearnUntil = &a[2]
+	case "presets":
+		names := []string{}
+		if a[2] != "none" && a[2] != "" {
+			names = strings.Split(a[2], ",")
+		}
+		body.Presets = &names
 	default:
-		return fmt.Errorf("unknown setting %q: want unknown_action or approval_timeout", a[1])
+		return fmt.Errorf("unknown setting %q: want unknown_action, approval_timeout, learn_until or presets", a[1])
 	}
 	var out ui.SettingsView
 	if err := c.Do(ctx, "PATCH", sbPath(a[0], "/settings"), body, &out); err != nil {
@@ -543,6 +563,103 @@ func cmdSet(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	if cm.json {
 		return printJSON(out)
 	}
-	fmt.Fprintf(stdout, "%s: unknown_action %s, approval_timeout %d s (saved to the policy file)\n", a[0], out.UnknownAction, out.ApprovalTimeout)
+	presets := strings.Join(out.Presets, ",")
+	if presets == "" {
+		presets = "none"
+	}
+	fmt.Fprintf(stdout, "%s: unknown_action %s, approval_timeout %d s, presets %s (saved to the policy file)\n", a[0],
+		unknownAction(out.UnknownAction, out.LearnUntil, time.Now()), out.ApprovalTimeout, presets)
+	return nil
+}
+
+// unknownAction shows a sandbox's unknown_action, with the time learn mode
+// has left.
+func unknownAction(action string, until *time.Time, now time.Time) string {
+	if action != "learn" {
+		return action
+	}
+	if until == nil || !until.After(now) {
+		return "learn (over: asks)"
+	}
+	return fmt.Sprintf("learn (%s left, until %s)", strings.TrimSuffix(until.Sub(now).Round(time.Minute).String(), "0s"), until.Local().Format("15:04"))
+}
+
+// cmdPropose prints the patterns that cover what the sandbox's members
+// reached and, with --save, saves those neither covered nor flagged.
+func cmdPropose(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	path := sbPath(a[0], "/proposal")
+	if flagSince != "" {
+		path += "?since=" + url.QueryEscape(flagSince)
+	}
+	var pv ui.ProposalView
+	if err := c.Do(ctx, "GET", path, nil, &pv); err != nil {
+		return err
+	}
+	var save []ui.ProposedRule
+	for _, p := range pv.Patterns {
+		if p.CoveredBy == "" && len(p.Flags) == 0 {
+			save = append(save, ui.ProposedRule{Pattern: p.Pattern, Member: p.Member})
+		}
+	}
+	var saved []ui.RuleView
+	if flagSave && len(save) > 0 {
+		if err := c.Do(ctx, "POST", path, ui.SaveProposalBody{Rules: save}, &saved); err != nil {
+			return err
+		}
+	}
+	if cm.json {
+		if flagSave {
+			return printJSON(map[string]any{"proposal": pv, "saved": saved})
+		}
+		return printJSON(pv)
+	}
+	var rows [][]string
+	for _, p := range pv.Patterns {
+		note := ""
+		switch {
+		case p.CoveredBy != "":
+			note = "covered by " + p.CoveredBy
+		case len(p.Flags) > 0:
+			note = "FLAGGED: " + strings.Join(p.Flags, "; ")
+		case flagSave:
+			note = "saved"
+		}
+		member := p.Member
+		if member == "" {
+			member = "-"
+		}
+		rows = append(rows, []string{p.Pattern, member, fmt.Sprint(p.Hits), strings.Join(p.Examples, " "), note})
+	}
+	table("PATTERN\tMEMBER\tHITS\tEXAMPLES\tNOTE", rows)
+	switch {
+	case len(pv.Patterns) == 0:
+		fmt.Fprintf(stdout, "nothing recorded to propose in %s\n", a[0])
+	case flagSave:
+		fmt.Fprintf(stdout, "saved %d patterns to %s's policy file; flagged ones were left out: add them with airlock allow if you mean it\n", len(saved), a[0])
+	default:
+		fmt.Fprintf(stdout, "%d patterns; airlock propose %s --save adds the %d neither covered nor flagged\n", len(pv.Patterns), a[0], len(save))
+	}
+	return nil
+}
+
+// cmdPresets lists the presets airlock knows and the hosts they allow.
+func cmdPresets(ctx context.Context, c *ui.Client, cm *common, _ []string) error {
+	var ps []ui.PresetView
+	if err := c.Do(ctx, "GET", "/presets", nil, &ps); err != nil {
+		return err
+	}
+	if cm.json {
+		return printJSON(ps)
+	}
+	var rows [][]string
+	for _, p := range ps {
+		if len(p.Includes) > 0 {
+			rows = append(rows, []string{p.Name, "all of " + strings.Join(p.Includes, ", "), "", p.Description})
+		}
+		for _, e := range p.Entries {
+			rows = append(rows, []string{p.Name, e.Host, strings.Join(e.Patterns, ", "), e.Why})
+		}
+	}
+	table("PRESET\tHOST\tRULES\tWHY", rows)
 	return nil
 }

@@ -43,7 +43,12 @@ const usage = `usage:
   airlock reload                             airlockd re-reads its config and every policy file
   airlock mcp [--sandbox NAME]               serve the sandbox's sessions as MCP tools over stdio
                                              (execute_task, get_files, cleanup_session, list_sessions)
-  airlock set SANDBOX KEY VALUE              unknown_action ask|deny|allow, or approval_timeout SECONDS
+  airlock set SANDBOX KEY VALUE              unknown_action ask|deny|learn|allow, approval_timeout SECONDS,
+                                             learn_until TIME|DURATION, or presets NAME,NAME|none
+  airlock presets                            the presets and the hosts they allow
+  airlock propose SANDBOX [--since 1h] [--save]
+                                             patterns covering what members reached (--save: add
+                                             the ones not covered or flagged to the policy file)
   airlock teardown NAME                      remove sandbox NAME's rules, bridge and leases
 
 Finding airlockd: --api URL (or $AIRLOCK_API, default from the config: http://127.0.0.1:7433),

@@ -144,6 +144,10 @@ type Sandbox struct {
 	Name   string
 	Policy string // the policy file, absolute
 	Subnet netip.Prefix
+	// Presets are the presets (comma-separated, checked) a policy file
+	// airlockd creates for the sandbox starts with, when it does not exist
+	// yet; "" means none. A string keeps Sandbox comparable.
+	Presets string
 }
 
 // LeaseDir returns the directory of a sandbox's member leases.
@@ -168,9 +172,10 @@ type fileConfig struct {
 }
 
 type fileSandbox struct {
-	Name   string `yaml:"name"`
-	Policy string `yaml:"policy"`
-	Subnet string `yaml:"subnet"`
+	Name    string   `yaml:"name"`
+	Policy  string   `yaml:"policy"`
+	Subnet  string   `yaml:"subnet"`
+	Presets []string `yaml:"presets"`
 }
 
 // Load reads a config file.
@@ -266,6 +271,11 @@ func Parse(name string, data []byte) (*Config, error) {
 		if err != nil {
 			return nil, bad("sandboxes[%d]: %v", i, err)
 		}
+		presets, err := policy.CheckPresets(s.Presets)
+		if err != nil {
+			return nil, bad("sandboxes[%d].presets: %v", i, err)
+		}
+		sb.Presets = strings.Join(presets, ",")
 		c.Sandboxes = append(c.Sandboxes, sb)
 	}
 	return c, nil

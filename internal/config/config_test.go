@@ -12,7 +12,7 @@ func TestDefault(t *testing.T) {
 		t.Errorf("defaults: %+v", c)
 	}
 	if len(c.Sandboxes) != 1 || c.Sandboxes[0].Name != "default" || c.Sandboxes[0].Subnet.String() != "10.88.0.0/24" ||
-		c.Sandboxes[0].Policy != "/var/lib/airlock/sandboxes/default.yaml" {
+		c.Sandboxes[0].Policy != "/var/lib/airlock/sandboxes/default.yaml" || c.Sandboxes[0].Presets != "package-managers" {
 		t.Errorf("default sandbox: %+v", c.Sandboxes)
 	}
 	if c.FakeIPPool.String() != "198.18.0.0/15" || c.UpstreamDNS[0] != "system" {
@@ -20,6 +20,20 @@ func TestDefault(t *testing.T) {
 	}
 	if c.LogAllowed || c.PolicyPoll != 2*time.Second || c.Drain != 5*time.Second {
 		t.Errorf("log_allowed %v, policy poll %v, drain %v; want false, 2s, 5s", c.LogAllowed, c.PolicyPoll, c.Drain)
+	}
+}
+
+func TestParseSandboxPresets(t *testing.T) {
+	c, err := Parse("x.yaml", []byte("sandboxes:\n  - {name: a, subnet: 10.88.0.0/24, presets: [Python, go]}\n  - {name: b, subnet: 10.88.1.0/24}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Sandboxes[0].Presets != "python,go" || c.Sandboxes[1].Presets != "" {
+		t.Errorf("presets %q, %q; want python,go and none", c.Sandboxes[0].Presets, c.Sandboxes[1].Presets)
+	}
+	_, err = Parse("x.yaml", []byte("sandboxes:\n  - {name: a, subnet: 10.88.0.0/24, presets: [pip]}\n"))
+	if err == nil || !strings.Contains(err.Error(), `sandboxes[0].presets: unknown preset "pip": want one of python`) {
+		t.Errorf("unknown preset: %v", err)
 	}
 }
 

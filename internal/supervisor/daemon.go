@@ -333,6 +333,9 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 	if err = d.ensureNetwork(s.net); err != nil {
 		return err
 	}
+	if err = seedPolicy(sb); err != nil {
+		return err
+	}
 	// Before the file is read: an edit in between is then seen as a change.
 	s.policyFP = fingerprintOf(sb.Policy)
 	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy, UnnamedUntrusted: true}); err != nil {

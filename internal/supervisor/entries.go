@@ -15,13 +15,13 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func connEntry(r tproxy.Record) audit.Entry {
 	return audit.Entry{Time: r.Time, Kind: audit.KindConnection, Source: r.Source, Host: r.Host, Port: r.Port,
-		Verdict: r.Verdict.String(), Rule: r.Rule, Reason: r.Reason, BytesUp: r.Up, BytesDown: r.Down, DurationMs: ms(r.Duration),
+		Verdict: policy.RecordVerdict(r.Verdict, r.Reason), Rule: r.Rule, Reason: r.Reason, BytesUp: r.Up, BytesDown: r.Down, DurationMs: ms(r.Duration),
 		LLM: r.LLM, Dest: r.Dest, Upstream: r.Upstream, Close: r.Close, ConnID: r.ID}
 }
 
 func requestEntry(r tproxy.RequestRecord) audit.Entry {
 	return audit.Entry{Time: r.Time, Kind: audit.KindRequest, Source: r.Source, Method: r.Method, URL: r.URL, Host: r.Host,
-		Verdict: r.Verdict.String(), Rule: r.Rule, Reason: r.Reason, Status: r.Status, BytesUp: r.ReqBytes, BytesDown: r.ResBytes,
+		Verdict: policy.RecordVerdict(r.Verdict, r.Reason), Rule: r.Rule, Reason: r.Reason, Status: r.Status, BytesUp: r.ReqBytes, BytesDown: r.ResBytes,
 		TTFBMs: ms(r.TTFB), DurationMs: ms(r.Duration), Proto: r.Proto, Headers: r.Headers, LLM: r.LLM, ConnID: r.ConnID}
 }
 

@@ -106,7 +106,10 @@ func New(t testing.TB) *World {
 			"api.allowed.test": WebAddr, "badcert.test": WebAddr, "unknown.example": WebAddr,
 			"api.unknown.test": WebAddr, "generativelanguage.googleapis.com": WebAddr,
 			"private.test": Private, "metadata.test": Metadata, "decoy.test": DecoyAddr,
-			"*.bench.test": WebAddr},
+			"*.bench.test": WebAddr,
+			// Stand-ins for the python preset's registries, and hosts for
+			// learn mode's proposal (e2e/presets_test.go).
+			"pypi.org": WebAddr, "files.pythonhosted.org": WebAddr, "*.cdn.test": WebAddr, "pkgs.test": WebAddr},
 		TXT: map[string]string{"allowed.test": "v=allowed", "unknown.test": "v=secret"},
 	}
 	w.InNetns(w.Inet, func() {

@@ -79,6 +79,7 @@ function selectTab(b) {
   for (const t of document.querySelectorAll(".tab")) t.hidden = t.id !== "tab-" + b.dataset.tab;
   if (b.dataset.tab === "rules") loadRules();
   if (b.dataset.tab === "settings") loadSettings();
+  if (b.dataset.tab === "proposal" && !$("proposal-rows").children.length) loadProposal();
 }
 for (const b of tabs) {
   b.addEventListener("click", () => selectTab(b));
@@ -118,9 +119,72 @@ async function openSandbox() {
   for (const kind of ["connection", "request"]) state.events.addEventListener(kind, (m) => addRecord(JSON.parse(m.data)));
   state.events.addEventListener("approval", (m) => onApproval(JSON.parse(m.data)));
   state.events.addEventListener("rule", () => { if (!$("tab-rules").hidden && !state.editing) loadRules(); });
-  state.events.addEventListener("settings", () => { if (!$("tab-settings").hidden) loadSettings(); });
+  state.events.addEventListener("settings", () => { if (!$("tab-settings").hidden) loadSettings(); refreshLearn(); });
+  $("proposal-rows").replaceChildren(); $("proposal-status").textContent = ""; $("proposal-save").disabled = true;
   refreshApprovals();
+  refreshLearn();
 }
+
+// ---- learn mode ----
+// refreshLearn shows the banner while the sandbox learns, with the time
+// left; the page asks again when the sandbox or its settings change, and
+// counts down on its own in between.
+async function refreshLearn() {
+  let s;
+  try { s = await api("GET", sb("")); } catch { return; }
+  state.learnUntil = s.unknown_action === "learn" && s.learn_until ? new Date(s.learn_until) : null;
+  learnTick();
+}
+function learnTick() {
+  const until = state.learnUntil, left = until ? until - Date.now() : 0;
+  $("learn-banner").hidden = left <= 0;
+  if (left <= 0) return;
+  const mins = Math.ceil(left / 60000);
+  $("learn-text").textContent = "Unknown destinations are let through and recorded as learned until " + until.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false }) +
+    " (" + (mins >= 60 ? Math.floor(mins / 60) + " h " + (mins % 60) + " min" : mins + " min") + " left); then the sandbox asks.";
+}
+setInterval(learnTick, 15000);
+$("learn-review").addEventListener("click", () => { const b = tabs.find((x) => x.dataset.tab === "proposal"); selectTab(b); b.focus(); loadProposal(); });
+
+// ---- proposal ----
+async function loadProposal() {
+  $("proposal-error").textContent = ""; $("proposal-status").textContent = "computing…";
+  const since = $("proposal-since").value;
+  let p;
+  try { p = await api("GET", sb("/proposal" + (since ? "?since=" + encodeURIComponent(since) : ""))); } catch (e) { $("proposal-error").textContent = e.message; $("proposal-status").textContent = ""; return; }
+  $("proposal-rows").replaceChildren(...p.patterns.map((x, i) => {
+    const note = x.covered_by ? "covered by " + x.covered_by : (x.flags || []).join("; ");
+    const tick = el("input", { type: "checkbox", "aria-label": "save " + x.pattern, "data-i": String(i), ...(!x.covered_by && !(x.flags || []).length ? { checked: "" } : {}) });
+    const input = el("input", { class: "mono", value: x.pattern, "aria-label": "pattern for " + x.hosts.join(", "), spellcheck: "false", "data-member": x.member || "" });
+    tick.addEventListener("change", proposalCount); input.addEventListener("input", proposalCount);
+    return el("tr", { class: (x.flags || []).length ? "flagged" : x.covered_by ? "covered" : "" }, el("td", {}, tick), el("td", {}, input), el("td", {}, x.member || "all members"),
+      el("td", { class: "num" }, String(x.hits)), el("td", { class: "mono" }, ...x.examples.map((u) => el("div", {}, u))), el("td", { class: (x.flags || []).length ? "bad" : "muted" }, note));
+  }));
+  if (!p.patterns.length) $("proposal-rows").replaceChildren(el("tr", {}, el("td", { colspan: "6", class: "muted" }, "Nothing recorded to propose yet.")));
+  $("proposal-status").textContent = p.patterns.length + " patterns from " + p.records + " records";
+  proposalCount();
+}
+function tickedRules() {
+  return [...$("proposal-rows").querySelectorAll("tr")].filter((tr) => { const c = tr.querySelector('input[type="checkbox"]'); return c && c.checked; })
+    .map((tr) => { const i = tr.querySelector("input.mono"); return { pattern: i.value.trim(), member: i.dataset.member || undefined }; });
+}
+function proposalCount() {
+  const n = tickedRules().length;
+  $("proposal-save").disabled = n === 0;
+  $("proposal-save").textContent = n ? "Save " + n + " ticked pattern" + (n === 1 ? "" : "s") : "Save ticked patterns";
+}
+$("proposal-load").addEventListener("click", loadProposal);
+$("proposal-since").addEventListener("change", loadProposal);
+$("proposal-save").addEventListener("click", async () => {
+  $("proposal-error").textContent = "";
+  const rules = tickedRules();
+  try {
+    const added = await api("POST", sb("/proposal"), { rules });
+    $("proposal-status").textContent = "Saved " + added.length + " patterns to the policy file.";
+    await loadProposal();
+    $("proposal-status").textContent = "Saved " + added.length + " patterns to the policy file.";
+  } catch (e) { $("proposal-error").textContent = e.message; }
+});
 
 // ---- monitor ----
 function recordURL(e) { return e.url || (e.host ? e.host + (e.port ? ":" + e.port : "") : ""); }
@@ -129,6 +193,7 @@ function statusOf(e) {
   if (e.pending) return { cls: "status-pending", text: "pending" };
   if (e.verdict === "deny") return { cls: "status-deny", text: e.status ? "denied " + e.status : "denied" };
   if (e.status >= 500) return { cls: "status-error", text: "error " + e.status };
+  if (e.verdict === "learned") return { cls: "status-allow", text: "learned" + (e.status ? " " + e.status : "") };
   if (e.kind === "request") return { cls: "status-allow", text: String(e.status || "") };
   return { cls: "status-allow", text: e.close && e.close.startsWith("intercepted") ? "intercepted" : "completed" };
 }
@@ -166,7 +231,7 @@ function visible(tr) {
 function addRecord(e) {
   if (e.kind === "connection" && e.close && e.close.startsWith("intercepted")) return; // its requests are listed
   state.counts.total++;
-  if (e.verdict === "allow") state.counts.allow++; else if (e.verdict === "deny") state.counts.deny++;
+  if (e.verdict === "allow" || e.verdict === "learned") state.counts.allow++; else if (e.verdict === "deny") state.counts.deny++;
   const src = e.source || "?";
   state.sources.set(src, (state.sources.get(src) || 0) + 1);
   if (e.url && state.samples.length < 50 && !state.samples.includes(e.method + " " + e.url)) state.samples.push((e.method ? e.method + " " : "") + e.url);
@@ -362,6 +427,7 @@ async function loadRules() {
     const rows = await Promise.all(rules.map(async (r) => {
       let actions;
       if (r.tier === "auto") actions = el("td", { class: "muted" }, "managed");
+      else if (r.tier === "preset") actions = el("td", { class: "muted" }, "from " + r.source + " (turn it off in Settings)");
       else {
         actions = el("td", { class: "actions" },
           el("button", { "aria-label": "edit " + r.pattern, onclick: (ev) => editRule(ev.target.closest("tr"), list, r) }, "edit"),
@@ -419,8 +485,15 @@ async function loadSettings() {
   try { s = await api("GET", sb("")); } catch { return; }
   // Another tab or the CLI may have changed them; a form the user is
   // changing stays as it is.
-  const dirty = state.settings && (chosenAction() !== state.settings.unknown_action || $("timeout-input").value !== String(state.settings.approval_timeout));
-  state.settings = { unknown_action: s.unknown_action, approval_timeout: s.approval_timeout };
+  const dirty = state.settings && (chosenAction() !== state.settings.unknown_action || $("timeout-input").value !== String(state.settings.approval_timeout) ||
+    chosenPresets().join() !== state.settings.presets.join());
+  if (!state.presets) {
+    try { state.presets = await api("GET", "/presets"); } catch { state.presets = []; }
+    $("presets").replaceChildren(...state.presets.map((p) => el("label", { class: "preset" },
+      el("input", { type: "checkbox", name: "preset", value: p.name, onchange: settingsChanged }), " ", el("b", {}, p.name), " — ", p.description,
+      el("span", { class: "muted mono hosts" }, p.includes.length ? "all of " + p.includes.join(", ") : p.entries.map((e) => e.host).filter((h, i, a) => a.indexOf(h) === i).join(", ")))));
+  }
+  state.settings = { unknown_action: s.unknown_action, approval_timeout: s.approval_timeout, presets: s.presets || [] };
   if (!dirty) showSettings();
   $("s-inspect").textContent = s.inspect === "all" ? "all TLS intercepted" : "only hosts with path or method rules";
   $("s-policy").textContent = s.policy; $("s-subnet").textContent = s.subnet;
@@ -434,10 +507,12 @@ function showSettings() {
   const s = state.settings;
   for (const r of document.querySelectorAll('input[name="unknown_action"]')) r.checked = r.value === s.unknown_action;
   $("timeout-input").value = s.approval_timeout;
+  for (const c of document.querySelectorAll('input[name="preset"]')) c.checked = s.presets.includes(c.value);
   $("allow-confirm").checked = false;
   settingsForm();
 }
 function chosenAction() { const r = document.querySelector('input[name="unknown_action"]:checked'); return r ? r.value : ""; }
+function chosenPresets() { return [...document.querySelectorAll('input[name="preset"]:checked')].map((c) => c.value); }
 // settingsForm shows the warning for allow and keeps Save off until
 // switching to allow is confirmed.
 function settingsForm() {
@@ -465,11 +540,13 @@ $("settings-form").addEventListener("submit", async (ev) => {
   $("timeout-input").removeAttribute("aria-invalid");
   if (action !== s.unknown_action) body.unknown_action = action;
   if (+raw !== s.approval_timeout) body.approval_timeout = +raw;
+  if (chosenPresets().join() !== s.presets.join()) body.presets = chosenPresets();
   if (!Object.keys(body).length) { $("settings-status").textContent = "Nothing to save."; return; }
   try {
     const out = await api("PATCH", sb("/settings"), body);
-    state.settings = out; showSettings();
-    $("settings-status").textContent = "Saved: unknown destinations " + out.unknown_action + ", timeout " + out.approval_timeout + " s.";
+    state.settings = { unknown_action: out.unknown_action, approval_timeout: out.approval_timeout, presets: out.presets || [] }; showSettings();
+    $("settings-status").textContent = "Saved: unknown destinations " + out.unknown_action + ", timeout " + out.approval_timeout + " s, presets " + (out.presets.length ? out.presets.join(", ") : "none") + ".";
+    refreshLearn();
   } catch (e) { $("settings-error").textContent = e.message; }
 });
 

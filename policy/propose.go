@@ -1,0 +1,357 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/publicsuffix"
+)
+
+// Hit is one thing a sandbox member reached (or tried to reach), as the
+// journal recorded it: a connection, or an intercepted request.
+type Hit struct {
+	Source string // the member
+	Host   string // a name or an IPv4 address
+	Port   uint16
+	// Method and Path are set for an intercepted request; a connection
+	// airlock did not look inside has neither.
+	Method string
+	Path   string
+	// Shown is how a person reads it: "GET http://host/path" or
+	// "host:port".
+	Shown string
+}
+
+// Proposed is one pattern of a proposal.
+type Proposed struct {
+	Pattern string `json:"pattern"`
+	// Member scopes the rule to the one member that used it; "" for all.
+	Member string `json:"member,omitempty"`
+	// Hosts are the hosts it covers, sorted.
+	Hosts []string `json:"hosts"`
+	// Hits counts the records it covers; Examples shows up to
+	// MaxProposalExamples of them.
+	Hits     int      `json:"hits"`
+	Examples []string `json:"examples"`
+	// CoveredBy names the rule that allows all of it already ("GET
+	// pypi.org (preset:python)"); such a pattern need not be saved.
+	CoveredBy string `json:"covered_by,omitempty"`
+	// Flags say why a person should look twice before saving it.
+	Flags []string `json:"flags,omitempty"`
+}
+
+// Proposal constants.
+const (
+	// WildcardMinHosts is how many subdomains of one registrable domain
+	// make a "*.domain" pattern instead of one pattern each.
+	WildcardMinHosts = 3
+	// MaxProposalExamples caps Proposed.Examples.
+	MaxProposalExamples = 5
+)
+
+// Propose computes the smallest set of patterns that covers hits, in the
+// pattern language: each name on the default ports as its exact host, or
+// as "*.domain" when WildcardMinHosts or more subdomains of one
+// registrable domain (public suffix list, private section included)
+// appear; an intercepted host (every hit a request) with the longest path
+// directory its requests share ("host/v1/*"); other ports as "host:port";
+// raw IPv4 addresses as "cidr:IP/32". A pattern is scoped to a member
+// when exactly one named member used it. Hosts whose every hit decide
+// allows with a rule already are proposed as covered (CoveredBy), one each.
+// Raw IPs, random-looking names and paste or file-sharing sites are
+// flagged. decide may be nil (nothing is covered). The result is sorted by
+// pattern.
+func Propose(hits []Hit, decide func(Query) Decision) []Proposed {
+	type hostHits struct {
+		host    string
+		port    uint16
+		ip      bool
+		hits    []Hit
+		covered string // the rule covering every hit, or ""
+	}
+	byHost := map[string]*hostHits{}
+	var keys []string
+	for _, h := range hits {
+		host, err := NormalizeHost(h.Host)
+		if err != nil || h.Port == 0 {
+			continue
+		}
+		ip := isIPLiteral(host)
+		if ip && !isIPv4(host) {
+			continue
+		}
+		h.Host = host
+		key := host + ":" + strconv.Itoa(int(h.Port))
+		if !ip && defaultPort(h.Port) {
+			key = host
+		}
+		hh := byHost[key]
+		if hh == nil {
+			hh = &hostHits{host: host, port: h.Port, ip: ip}
+			byHost[key] = hh
+			keys = append(keys, key)
+		}
+		hh.hits = append(hh.hits, h)
+	}
+	var out []Proposed
+	// Hosts an existing rule covers, one by one.
+	var open []*hostHits
+	for _, k := range keys {
+		hh := byHost[k]
+		if decide != nil {
+			hh.covered = coveredBy(hh.hits, decide)
+		}
+		if hh.covered != "" {
+			p := proposeFor(hostPattern(hh.host, hh.port, hh.ip), []string{hh.host}, hh.hits)
+			p.CoveredBy = hh.covered
+			out = append(out, p)
+			continue
+		}
+		open = append(open, hh)
+	}
+	// Subdomains of one registrable domain on the default ports.
+	groups := map[string][]*hostHits{}
+	for _, hh := range open {
+		if hh.ip || !defaultPort(hh.port) {
+			continue
+		}
+		if d, err := publicsuffix.EffectiveTLDPlusOne(hh.host); err == nil && d != hh.host {
+			groups[d] = append(groups[d], hh)
+		}
+	}
+	grouped := map[*hostHits]bool{}
+	for d, g := range groups {
+		if len(g) < WildcardMinHosts {
+			continue
+		}
+		var hosts []string
+		var all []Hit
+		for _, hh := range g {
+			grouped[hh] = true
+			hosts = append(hosts, hh.host)
+			all = append(all, hh.hits...)
+		}
+		out = append(out, proposeFor("*."+d, hosts, all))
+	}
+	for _, hh := range open {
+		if grouped[hh] {
+			continue
+		}
+		pattern := hostPattern(hh.host, hh.port, hh.ip)
+		if prefix := pathPrefix(hh.hits); prefix != "" && !hh.ip {
+			pattern = hostPort(hh.host, hh.port) + prefix + "*"
+		}
+		out = append(out, proposeFor(pattern, []string{hh.host}, hh.hits))
+	}
+	slices.SortFunc(out, func(a, b Proposed) int { return strings.Compare(a.Pattern, b.Pattern) })
+	return out
+}
+
+func defaultPort(p uint16) bool { return p == 80 || p == 443 }
+
+func hostPort(host string, port uint16) string {
+	if defaultPort(port) {
+		return host
+	}
+	return host + ":" + strconv.Itoa(int(port))
+}
+
+// hostPattern is the pattern for one host on one port.
+func hostPattern(host string, port uint16, ip bool) string {
+	if ip {
+		p := "cidr:" + host + "/32"
+		if !defaultPort(port) {
+			p += ":" + strconv.Itoa(int(port))
+		}
+		return p
+	}
+	return hostPort(host, port)
+}
+
+// coveredBy names the allow rule that decides every hit already, or "".
+// A connection airlock did not look inside is covered only by a rule that
+// allows it whole.
+func coveredBy(hits []Hit, decide func(Query) Decision) string {
+	var first *Rule
+	for _, h := range hits {
+		d := decide(Query{Source: h.Source, Host: h.Host, Port: h.Port, Method: h.Method, Path: h.Path})
+		if d.Verdict != Allow || d.Rule == nil || d.Rule.List != Allowlist {
+			return ""
+		}
+		if first == nil {
+			first = d.Rule
+		}
+	}
+	if first == nil {
+		return ""
+	}
+	s := first.Pattern.String()
+	if first.Source != "" {
+		s += " (" + first.Source + ")"
+	} else {
+		s += " (" + first.Tier.String() + ")"
+	}
+	return s
+}
+
+// pathPrefix returns the longest directory ("/v1/") every hit's path lies
+// under, when every hit is an intercepted request; "" when some hit is a
+// connection airlock did not look inside, or the prefix is "/".
+func pathPrefix(hits []Hit) string {
+	var common []string
+	for i, h := range hits {
+		if h.Method == "" || !strings.HasPrefix(h.Path, "/") {
+			return ""
+		}
+		p := h.Path
+		if j := strings.IndexAny(p, "?#"); j >= 0 {
+			p = p[:j]
+		}
+		segs := strings.Split(p, "/")
+		dir := segs[1 : len(segs)-1] // drop the leading "" and the last name
+		if i == 0 {
+			common = dir
+			continue
+		}
+		n := 0
+		for n < len(common) && n < len(dir) && common[n] == dir[n] {
+			n++
+		}
+		common = common[:n]
+	}
+	// A "*" in a path would read as a glob; stop before it.
+	for i, s := range common {
+		if strings.Contains(s, "*") || s == "" {
+			common = common[:i]
+			break
+		}
+	}
+	if len(common) == 0 {
+		return ""
+	}
+	return "/" + strings.Join(common, "/") + "/"
+}
+
+// proposeFor builds the proposal of pattern for hosts and their hits:
+// member scope, examples, flags. A pattern that does not parse without
+// force falls back to its first host.
+func proposeFor(pattern string, hosts []string, hits []Hit) Proposed {
+	if _, err := Parse(pattern, ParseOptions{}); err != nil {
+		pattern = hosts[0]
+	}
+	slices.Sort(hosts)
+	p := Proposed{Pattern: pattern, Hosts: slices.Compact(hosts), Hits: len(hits), Examples: []string{}}
+	members := map[string]bool{}
+	for _, h := range hits {
+		members[h.Source] = true
+		if len(p.Examples) < MaxProposalExamples && !slices.Contains(p.Examples, h.Shown) && h.Shown != "" {
+			p.Examples = append(p.Examples, h.Shown)
+		}
+	}
+	if len(members) == 1 {
+		for m := range members {
+			// A member known only by its address is no name to scope a
+			// rule to: the address goes to another member later.
+			if _, err := netip.ParseAddr(m); err != nil && m != "" && checkMember(m) == nil {
+				p.Member = m
+			}
+		}
+	}
+	for _, h := range p.Hosts {
+		for _, f := range hostFlags(h) {
+			if !slices.Contains(p.Flags, f) {
+				p.Flags = append(p.Flags, f)
+			}
+		}
+	}
+	return p
+}
+
+// hostFlags says why a host deserves a second look before it is allowed.
+func hostFlags(host string) []string {
+	if isIPLiteral(host) {
+		return []string{"raw IP address: no name says whose it is"}
+	}
+	var out []string
+	if d, err := publicsuffix.EffectiveTLDPlusOne(host); err == nil {
+		if what, ok := sharingSites[d]; ok {
+			out = append(out, what+" site: anything can be carried out through it")
+		}
+	}
+	for _, l := range strings.Split(host, ".") {
+		if randomLabel(l) {
+			out = append(out, fmt.Sprintf("random-looking name (%q): generated names can carry data out", truncate(l, 40)))
+			break
+		}
+	}
+	return out
+}
+
+// sharingSites are registrable domains where anyone can put anything for
+// anyone to fetch: a member that reaches them can carry data out.
+var sharingSites = map[string]string{
+	"pastebin.com": "paste", "paste.ee": "paste", "hastebin.com": "paste", "dpaste.com": "paste",
+	"dpaste.org": "paste", "termbin.com": "paste", "ix.io": "paste", "sprunge.us": "paste",
+	"rentry.co": "paste", "controlc.com": "paste", "justpaste.it": "paste", "privatebin.net": "paste",
+	"ghostbin.co": "paste", "pastes.dev": "paste",
+	"0x0.st": "file-sharing", "transfer.sh": "file-sharing", "file.io": "file-sharing",
+	"catbox.moe": "file-sharing", "gofile.io": "file-sharing", "wetransfer.com": "file-sharing",
+	"we.tl": "file-sharing", "mega.nz": "file-sharing", "mediafire.com": "file-sharing",
+	"sendspace.com": "file-sharing", "filebin.net": "file-sharing", "temp.sh": "file-sharing",
+	"bashupload.com": "file-sharing", "anonfiles.com": "file-sharing",
+	"webhook.site": "request-catching", "requestbin.net": "request-catching", "pipedream.net": "request-catching",
+}
+
+// IsSharingSite reports whether host is under a paste, file-sharing or
+// request-catching site's domain.
+func IsSharingSite(host string) bool {
+	d, err := publicsuffix.EffectiveTLDPlusOne(host)
+	_, ok := sharingSites[d]
+	return err == nil && ok
+}
+
+// randomLabel reports whether a DNS label looks generated rather than
+// named: very long, long and hex- or base32-like, or mixing many digits
+// into letters with high entropy.
+func randomLabel(l string) bool {
+	var digits, letters int
+	for i := 0; i < len(l); i++ {
+		switch c := l[i]; {
+		case '0' <= c && c <= '9':
+			digits++
+		case 'a' <= c && c <= 'z':
+			letters++
+		}
+	}
+	e := LabelEntropy(l)
+	switch {
+	case len(l) > 40:
+		return true
+	case len(l) >= 10 && digits >= 3 && letters >= 3 && e >= 3.0:
+		return true
+	case len(l) >= 20 && e >= 3.8:
+		return true
+	}
+	return false
+}
+
+// LabelEntropy is the Shannon entropy of s in bits per byte.
+func LabelEntropy(s string) float64 {
+	var counts [256]int
+	for i := 0; i < len(s); i++ {
+		counts[s[i]]++
+	}
+	n := float64(len(s))
+	var e float64
+	for _, c := range counts {
+		if c > 0 {
+			p := float64(c) / n
+			e -= p * math.Log2(p)
+		}
+	}
+	return e
+}

@@ -1,0 +1,215 @@
+package ui
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/policy"
+)
+
+func TestPresetsThroughTheAPI(t *testing.T) {
+	h := newAPI(t, settingsFile)
+	code, body := h.do(t, "GET", "/api/v1/presets", "")
+	var ps []PresetView
+	if code != 200 || json.Unmarshal([]byte(body), &ps) != nil || len(ps) != len(policy.Presets()) {
+		t.Fatalf("GET presets: %d %s", code, body)
+	}
+	if ps[0].Name != "python" || ps[0].Entries[0].Host != "pypi.org" || ps[0].Entries[0].Why == "" ||
+		!cmp.Equal(ps[0].Entries[0].Patterns, []string{"GET pypi.org", "HEAD pypi.org"}) {
+		t.Errorf("python preset: %+v", ps[0])
+	}
+
+	// An unknown name changes nothing.
+	before, _ := os.ReadFile(h.policy)
+	if code, body := h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"presets": ["python", "pip"]}`); code != 400 || !strings.Contains(body, `unknown preset \"pip\": want one of python`) {
+		t.Errorf("unknown preset: %d %s", code, body)
+	}
+	if after, _ := os.ReadFile(h.policy); string(after) != string(before) {
+		t.Errorf("refused presets changed the file:\n%s", after)
+	}
+
+	code, body = h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"presets": ["python", "GitHub"]}`)
+	if code != 200 || !strings.Contains(body, `"presets":["python","github"]`) {
+		t.Errorf("PATCH presets: %d %s", code, body)
+	}
+	if file, _ := os.ReadFile(h.policy); !strings.Contains(string(file), "  presets: [python, github]\n") {
+		t.Errorf("file:\n%s", file)
+	}
+	// The preset's rules are listed as their own tier, labelled, and
+	// read-only.
+	_, body = h.do(t, "GET", "/api/v1/sandboxes/myapp/allowlist", "")
+	var rules []RuleView
+	json.Unmarshal([]byte(body), &rules)
+	var pypi *RuleView
+	for i, r := range rules {
+		if r.Pattern == "GET pypi.org" {
+			pypi = &rules[i]
+		}
+	}
+	if pypi == nil || pypi.Tier != "preset" || pypi.Source != "preset:python" || pypi.Type != "method" {
+		t.Fatalf("preset rule: %+v in %s", pypi, body)
+	}
+	if code, body := h.do(t, "DELETE", "/api/v1/sandboxes/myapp/allowlist/"+pypi.ID, ""); code != 409 || !strings.Contains(body, "preset python") {
+		t.Errorf("delete preset rule: %d %s", code, body)
+	}
+	if code, body := h.do(t, "PUT", "/api/v1/sandboxes/myapp/allowlist/"+pypi.ID, `{"pattern": "pypi.org"}`); code != 409 || !strings.Contains(body, "read-only") {
+		t.Errorf("replace preset rule: %d %s", code, body)
+	}
+	if d := h.sb.pol.Decide(policy.Query{Host: "pypi.org", Port: 443, Method: "POST", Path: "/"}); d.Verdict != policy.Deny || policy.PresetOf(d.Rule) != "python" {
+		t.Errorf("POST pypi.org: %v", d)
+	}
+	// Off again.
+	if code, body := h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"presets": []}`); code != 200 || !strings.Contains(body, `"presets":[]`) {
+		t.Errorf("presets off: %d %s", code, body)
+	}
+}
+
+func TestLearnThroughTheAPI(t *testing.T) {
+	h := newAPI(t, settingsFile)
+	start := time.Now()
+	code, body := h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"unknown_action": "learn"}`)
+	var v SettingsView
+	if code != 200 || json.Unmarshal([]byte(body), &v) != nil || v.UnknownAction != "learn" || v.LearnUntil == nil {
+		t.Fatalf("PATCH learn: %d %s", code, body)
+	}
+	if d := v.LearnUntil.Sub(start); d < 59*time.Minute || d > 61*time.Minute {
+		t.Errorf("learn_until %v is not an hour from now", v.LearnUntil)
+	}
+	_, body = h.do(t, "GET", "/api/v1/sandboxes/myapp", "")
+	if !strings.Contains(body, `"unknown_action":"learn"`) || !strings.Contains(body, `"learn_until":"`) {
+		t.Errorf("sandbox view: %s", body)
+	}
+	if d := h.sb.pol.Decide(policy.Query{Host: "new.test", Port: 443}); d.Verdict != policy.Allow || d.Reason != policy.ReasonLearn {
+		t.Errorf("unknown host while learning: %v", d)
+	}
+	// A learn_until in the past: the sandbox asks, and says it no longer learns.
+	code, body = h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"learn_until": "2020-01-01T00:00:00Z"}`)
+	if code != 200 || strings.Contains(body, "learn_until") {
+		t.Errorf("learn_until in the past: %d %s", code, body)
+	}
+	if d := h.sb.pol.Decide(policy.Query{Host: "new.test", Port: 443}); d.Verdict != policy.Ask {
+		t.Errorf("unknown host after learn_until: %v", d)
+	}
+	if code, body := h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"learn_until": "soon"}`); code != 400 || !strings.Contains(body, "duration such as 2h") {
+		t.Errorf("bad learn_until: %d %s", code, body)
+	}
+}
+
+func TestCreatedSandboxStartsWithPackageManagers(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"default", `{"name": "new", "subnet": "10.88.9.0/24"}`, "presets: [package-managers]"},
+		{"told otherwise", `{"name": "new", "subnet": "10.88.9.0/24", "presets": ["go"]}`, "presets: [go]"},
+		{"none", `{"name": "new", "subnet": "10.88.9.0/24", "presets": []}`, "presets: []"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newAPI(t, "")
+			m := &fakeManager{h: h}
+			h.srv.cfg.Manager = m
+			h.reroute()
+			if code, body := h.do(t, "POST", "/api/v1/sandboxes", tc.body); code != 201 {
+				t.Fatalf("create: %d %s", code, body)
+			}
+			if file, _ := os.ReadFile(h.policy); !strings.Contains(string(file), tc.want) {
+				t.Errorf("policy file:\n%s\nwant %q", file, tc.want)
+			}
+		})
+	}
+	h := newAPI(t, "")
+	m := &fakeManager{h: h}
+	h.srv.cfg.Manager = m
+	h.reroute()
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes", `{"name": "new", "subnet": "10.88.9.0/24", "presets": ["nope"]}`); code != 400 || len(m.created) != 0 || !strings.Contains(body, "unknown preset") {
+		t.Errorf("unknown preset: %d %s, created %v", code, body, m.created)
+	}
+	// A policy file that exists already is left as it says.
+	h = newAPI(t, "sandbox:\n  unknown_action: deny\n")
+	h.srv.cfg.Manager = &fakeManager{h: h}
+	h.reroute()
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes", `{"name": "new", "subnet": "10.88.9.0/24"}`); code != 201 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	if file, _ := os.ReadFile(h.policy); string(file) != "sandbox:\n  unknown_action: deny\n" {
+		t.Errorf("existing policy file changed:\n%s", file)
+	}
+}
+
+func TestProposalThroughTheAPI(t *testing.T) {
+	h := newAPI(t, "sandbox:\n  unknown_action: learn\n  presets: [python]\n")
+	learned, unknown := policy.ReasonLearn.String(), policy.ReasonUnknown.String()
+	for _, e := range []audit.Entry{
+		{Kind: audit.KindConnection, Source: "agent", Host: "a.cdn.test", Port: 443, Verdict: "learned", Reason: learned},
+		{Kind: audit.KindConnection, Source: "agent", Host: "b.cdn.test", Port: 443, Verdict: "learned", Reason: learned},
+		{Kind: audit.KindConnection, Source: "agent", Host: "c.cdn.test", Port: 443, Verdict: "learned", Reason: learned},
+		// An intercepted connection stands for its requests.
+		{Kind: audit.KindConnection, Source: "agent", Host: "api.test", Port: 80, Verdict: "learned", Reason: "intercepted: " + learned},
+		{Kind: audit.KindRequest, Source: "agent", Method: "GET", URL: "http://api.test/v1/models", Host: "api.test", Verdict: "learned", Reason: learned},
+		{Kind: audit.KindRequest, Source: "agent", Method: "POST", URL: "http://api.test/v1/chat?x=1", Host: "api.test", Verdict: "learned", Reason: learned},
+		{Kind: audit.KindRequest, Source: "agent", Method: "GET", URL: "https://pypi.org/simple/x/", Host: "pypi.org", Verdict: "allow", Reason: policy.ReasonAllowRule.String()},
+		// Held, and denied for want of a rule: proposed too.
+		{Kind: audit.KindApproval, Source: "mcp:x", Host: "held.test", Port: 443, URL: "held.test:443", Action: "opened"},
+		{Kind: audit.KindConnection, Source: "agent", Host: "denied.test", Port: 443, Verdict: "deny", Reason: unknown},
+		// Denied by a rule: not proposed.
+		{Kind: audit.KindConnection, Source: "agent", Host: "evil.test", Port: 443, Verdict: "deny", Reason: policy.ReasonDenyRule.String()},
+		{Kind: audit.KindDNS, Source: "agent", Host: "dns.test", Verdict: "fake-ip"},
+	} {
+		e.Sandbox = "myapp"
+		h.sb.journal.Add(e)
+	}
+	code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/proposal?since=1h", "")
+	var pv ProposalView
+	if code != 200 || json.Unmarshal([]byte(body), &pv) != nil || pv.Since == nil {
+		t.Fatalf("GET proposal: %d %s", code, body)
+	}
+	var got []string
+	for _, p := range pv.Patterns {
+		s := p.Pattern + " member=" + p.Member
+		if p.CoveredBy != "" {
+			s += " covered by " + p.CoveredBy
+		}
+		got = append(got, s)
+	}
+	want := []string{
+		"*.cdn.test member=agent",
+		"api.test/v1/* member=agent",
+		"denied.test member=agent",
+		"held.test member=mcp:x",
+		"pypi.org member=agent covered by GET pypi.org (preset:python)",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("proposal (-want +got):\n%s", diff)
+	}
+	if code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/proposal?since=soon", ""); code != 400 {
+		t.Errorf("bad since: %d %s", code, body)
+	}
+
+	// A bad pattern saves nothing.
+	before, _ := os.ReadFile(h.policy)
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/proposal", `{"rules": [{"pattern": "*.cdn.test", "member": "agent"}, {"pattern": "*.com"}]}`); code != 400 || !strings.Contains(body, "rules[1]") {
+		t.Errorf("broad pattern: %d %s", code, body)
+	}
+	if after, _ := os.ReadFile(h.policy); string(after) != string(before) {
+		t.Errorf("a refused save changed the file:\n%s", after)
+	}
+	code, body = h.do(t, "POST", "/api/v1/sandboxes/myapp/proposal", `{"rules": [{"pattern": "*.cdn.test", "member": "agent"}, {"pattern": "api.test/v1/*"}]}`)
+	if code != 201 {
+		t.Fatalf("save: %d %s", code, body)
+	}
+	file, _ := os.ReadFile(h.policy)
+	source := "learned " + time.Now().UTC().Format("2006-01-02")
+	for _, w := range []string{`pattern: "*.cdn.test"`, `member: "agent"`, `pattern: "api.test/v1/*"`, source} {
+		if !strings.Contains(string(file), w) {
+			t.Errorf("policy file lacks %q:\n%s", w, file)
+		}
+	}
+	if d := h.sb.pol.Decide(policy.Query{Source: "agent", Host: "b.cdn.test", Port: 443}); d.Verdict != policy.Allow || d.Rule == nil {
+		t.Errorf("b.cdn.test after saving: %v", d)
+	}
+}

@@ -1,0 +1,133 @@
+package ui
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/policy"
+)
+
+// ProposalView answers GET …/proposal: the patterns that cover what
+// members reached since Since (zero: all the journal holds).
+type ProposalView struct {
+	Since    *time.Time        `json:"since,omitempty"`
+	Records  int               `json:"records"` // how many records it was computed from
+	Patterns []policy.Proposed `json:"patterns"`
+}
+
+// SaveProposalBody is the body of POST …/proposal: the reviewed patterns
+// to save to the policy file.
+type SaveProposalBody struct {
+	Rules []ProposedRule `json:"rules"`
+}
+
+// ProposedRule is one reviewed pattern to save.
+type ProposedRule struct {
+	Pattern string `json:"pattern"`
+	Member  string `json:"member,omitempty"`
+	Force   bool   `json:"force,omitempty"`
+}
+
+// proposalKinds are the journal entries a proposal reads.
+var proposalKinds = []string{audit.KindConnection, audit.KindRequest, audit.KindApproval}
+
+// proposalHits picks from the journal what members reached, or tried to
+// reach for want of a rule: allowed and learned traffic, held requests, and
+// traffic denied by unknown_action or for being a raw IP. Connection
+// records of intercepted connections are left out: their requests stand
+// for them.
+func proposalHits(entries []audit.Entry) []policy.Hit {
+	unknown, rawIP := policy.ReasonUnknown.String(), policy.ReasonRawIP.String()
+	var out []policy.Hit
+	for _, e := range entries {
+		var ok bool
+		switch e.Kind {
+		case audit.KindApproval:
+			ok = e.Action == "opened"
+		case audit.KindConnection:
+			ok = !strings.HasPrefix(e.Reason, "intercepted") &&
+				(e.Verdict == "allow" || e.Verdict == policy.LearnedVerdict || e.Verdict == "deny" && (e.Reason == unknown || e.Reason == rawIP))
+		case audit.KindRequest:
+			ok = e.Verdict == "allow" || e.Verdict == policy.LearnedVerdict || e.Verdict == "deny" && e.Reason == unknown
+		}
+		if !ok {
+			continue
+		}
+		h := policy.Hit{Source: e.Source, Host: e.Host, Port: e.Port, Shown: e.Host + ":" + fmt.Sprint(e.Port)}
+		if e.Method != "" && e.URL != "" {
+			q, err := policy.SampleQuery(e.Method + " " + e.URL)
+			if err != nil {
+				continue
+			}
+			h.Host, h.Port, h.Method, h.Path, h.Shown = q.Host, q.Port, q.Method, q.Path, e.Method+" "+e.URL
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+func (s *Server) getProposal(c echo.Context) error {
+	f, err := filterFrom(c, proposalKinds)
+	if err != nil {
+		return err
+	}
+	f.Source, f.Verdict, f.Kinds, f.Limit = "", "", proposalKinds, 100000
+	sb := sandboxOf(c)
+	entries := sb.Journal().Query(f)
+	hits := proposalHits(entries)
+	out := ProposalView{Records: len(hits), Patterns: policy.Propose(hits, sb.Policy().Decide)}
+	if out.Patterns == nil {
+		out.Patterns = []policy.Proposed{}
+	}
+	if !f.Since.IsZero() {
+		out.Since = &f.Since
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// saveProposal adds reviewed patterns to the policy file, with source
+// "learned DATE". Every pattern is checked first: one bad pattern is a 400
+// and nothing is saved.
+func (s *Server) saveProposal(c echo.Context) error {
+	var b SaveProposalBody
+	if err := decode(c, &b); err != nil {
+		return err
+	}
+	const example = `send {"rules": [{"pattern": "api.example.com", "member": "agent"}]}`
+	if len(b.Rules) == 0 || len(b.Rules) > 1000 {
+		return fail(http.StatusBadRequest, "want 1 to 1000 rules", example)
+	}
+	for i, r := range b.Rules {
+		_, err := policy.Parse(r.Pattern, policy.ParseOptions{Force: r.Force})
+		switch {
+		case errors.Is(err, policy.ErrBroad):
+			return fail(http.StatusBadRequest, fmt.Sprintf("rules[%d]: %v", i, err), `send "force": true with it to accept a broad pattern on purpose; nothing was saved`)
+		case err != nil:
+			return fail(http.StatusBadRequest, fmt.Sprintf("rules[%d]: %v", i, err), "see the pattern language in docs/policy.md; nothing was saved")
+		case len(r.Member) > 64 || strings.ContainsAny(r.Member, "\n\r\x00"):
+			return fail(http.StatusBadRequest, fmt.Sprintf("rules[%d]: member too long or with control characters", i), "nothing was saved")
+		}
+	}
+	sb := sandboxOf(c)
+	source := "learned " + time.Now().UTC().Format("2006-01-02")
+	added := []RuleView{}
+	for _, r := range b.Rules {
+		rule, err := sb.Policy().Add(policy.AddRequest{Pattern: r.Pattern, List: policy.Allowlist, Persist: true, Force: r.Force, Member: r.Member, Source: source})
+		switch {
+		case isHeldEdit(err):
+			return failHeldEdit(err)
+		case err != nil:
+			return fail(http.StatusInternalServerError, err.Error(), fmt.Sprintf("the policy file could not be written; %d of %d rules were saved", len(added), len(b.Rules)))
+		}
+		sb.Journal().Add(audit.Entry{Kind: audit.KindRule, Sandbox: sb.Name(), Action: "added", RuleID: rule.ID, Rule: rule.Pattern.String(), List: "allowlist", Reason: source})
+		added = append(added, viewRule(rule))
+	}
+	sb.Broker().ReleaseAllowed()
+	return c.JSON(http.StatusCreated, added)
+}
