@@ -193,6 +193,31 @@ func TestBuiltInConfigSave(t *testing.T) {
 		t.Errorf("policy file after %s: %v\n%s", line[1], err, pol)
 	}
 
+	// The README's presets and learn mode lines, as written.
+	block := string(readme)
+	if i := strings.Index(block, "### Presets and learn mode"); i >= 0 {
+		block = block[i:]
+		if j := strings.Index(block, "\n## "); j >= 0 {
+			block = block[:j]
+		}
+	}
+	lines := regexp.MustCompile(`(?m)^sudo bin/(airlock [^#\n]*?)\s*(#.*)?$`).FindAllStringSubmatch(block, -1)
+	if len(lines) < 3 {
+		t.Fatalf("the README's presets and learn mode section has %d airlock lines, want 3", len(lines))
+	}
+	for _, l := range lines {
+		args := append(strings.Fields(l[1])[1:], "--config", cfgPath)
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", w.Host, filepath.Join(bin, "airlock")}, args...)...).CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", l[1], err, out)
+		}
+	}
+	if pol, err := os.ReadFile(filepath.Join(w.Dir, "state", "sandboxes", "default.yaml")); err != nil || !strings.Contains(string(pol), "python") || !strings.Contains(string(pol), "learn") {
+		t.Errorf("policy file after the README's presets and learn lines: %v\n%s", err, pol)
+	}
+	if _, err := exec.Command("ip", "netns", "exec", w.Host, filepath.Join(bin, "airlock"), "set", "default", "unknown_action", "ask", "--config", cfgPath).CombinedOutput(); err != nil {
+		t.Fatalf("set unknown_action ask: %v", err)
+	}
+
 	// What `make run` tells the user about an unknown host is what
 	// happens: it is held until someone decides, then refused with a 403.
 	script, err := os.ReadFile("../scripts/run.sh")
