@@ -65,9 +65,9 @@ func TestWebSessions(t *testing.T) {
 	// Traffic of another member, which the session's filter hides.
 	w.Run(cfg, "default", "agent", 20*time.Second, "curl", "-sS", "http://allowed.test/")
 
-	status, body := call(t, w, token, "POST", "/sandboxes/default/sessions", `{"task": "fetch http://allowed.test/from-session; write out/report.txt done", "user_id": "mallory\u202egpj"}`)
+	status, body := call(t, w, token, "POST", "/sandboxes/default/sessions", `{"task": "fetch http://allowed.test/from-session; write out/report\u2028txt.exe done", "user_id": "mallory\u202egpj"}`)
 	var res session.ExecuteResult
-	if err := json.Unmarshal([]byte(body), &res); status != 200 || err != nil || res.SessionID == "" {
+	if err := json.Unmarshal([]byte(body), &res); status != 200 || err != nil || res.Status != session.StatusCompleted {
 		t.Fatalf("execute: %d %s", status, body)
 	}
 	member := session.MemberName(res.SessionID)
@@ -80,12 +80,13 @@ func TestWebSessions(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{res.SessionID[:8], `mallory\u{202e}gpj`, "idle · last " + res.Status, " ago"} {
+	for _, want := range []string{res.SessionID[:8], `mallory\u{202e}gpj`, "idle · last completed", " ago",
+		`out/report\u{2028}txt.exe`, "1 allowed · 0 denied · 0 held", "allowed.test"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the session's row %q lacks %q", text, want)
 		}
 	}
-	if strings.Contains(text, "\u202e") {
+	if strings.ContainsAny(text, "\u202e\u2028") {
 		t.Errorf("a raw bidi control in the row: %q", text)
 	}
 	checkAccessible(t, ctx, "sessions view")
@@ -103,8 +104,8 @@ func TestWebSessions(t *testing.T) {
 	if source != member {
 		t.Errorf("the monitor's source filter is %q, want %q", source, member)
 	}
-	if rows := visibleRows(t, ctx); strings.Contains(rows, "agent ") {
-		t.Errorf("the filtered monitor shows another member's traffic:\n%s", rows)
+	if rows := visibleRows(t, ctx); strings.Contains(rows, "agent ") || !strings.Contains(rows, member+" GET http://allowed.test/from-session 200") {
+		t.Errorf("the monitor filtered by %s shows:\n%s\nwant its request and no other member's", member, rows)
 	}
 
 	// Clean up: the row goes, and so does the session on the server.

@@ -269,7 +269,7 @@ func (m *Manager) Execute(ctx context.Context, req ExecuteRequest) (ExecuteResul
 	if err != nil {
 		return ExecuteResult{}, err
 	}
-	uid, gid := ids(st.User)
+	uid, gid := IDs(st.User)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s, created, err := m.claim(req.SessionID, req.UserID, st.MaxSessions, uid, gid, cancel)
@@ -548,8 +548,8 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
-// ids reads "UID:GID", which the policy file has checked.
-func ids(user string) (int, int) {
+// IDs reads a sessions.user "UID:GID", which the policy file has checked.
+func IDs(user string) (int, int) {
 	u, g, _ := strings.Cut(user, ":")
 	uid, _ := strconv.Atoi(u)
 	gid, _ := strconv.Atoi(g)

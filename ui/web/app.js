@@ -465,10 +465,10 @@ function renderSessions(list) {
       el("td", { class: "num", title: "started " + new Date(s.created).toLocaleString() }, ageText(s.age_seconds)),
       el("td", { class: "num", title: new Date(s.last_used).toLocaleString() }, ageText(s.idle_seconds) + " ago"),
       el("td", { class: "num", title: s.tasks + (s.tasks === 1 ? " task" : " tasks") }, s.tasks ? durationText(s.last_duration_seconds * 1000) || "0 s" : ""),
-      el("td", { class: "mono", title: files.join(", ") }, files.length ? files.join(", ") : "none"),
+      el("td", { class: "mono wrap", title: files.join(", ") }, files.length ? files.join(", ") : "none"),
       el("td", { title: n.allowed + " allowed, " + n.denied + " denied, " + n.held + " held for approval" },
         el("span", { class: "ok" }, n.allowed + " allowed"), " · ", el("span", { class: n.denied ? "bad" : "" }, n.denied + " denied"), " · ", el("span", { class: n.held ? "warn" : "" }, n.held + " held")),
-      el("td", { class: "mono", title: hosts.join(", ") }, hosts.join(", ")),
+      el("td", { class: "mono wrap", title: hosts.join(", ") }, hosts.join(", ")),
       el("td", { class: "actions" },
         el("button", { "aria-label": "traffic of " + s.member, onclick: () => showTraffic(s.member) }, "traffic"),
         el("button", { class: "danger", "aria-label": "clean up " + s.member, onclick: (ev) => cleanupSession(ev.target, s) }, "clean up")));
