@@ -64,7 +64,7 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.base.RoundTrip(r)
 }
 
-func mcpConnect(t *testing.T, tr mcp.Transport) *mcp.ClientSession {
+func mcpConnect(t testing.TB, tr mcp.Transport) *mcp.ClientSession {
 	t.Helper()
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil).Connect(context.Background(), tr, nil)
 	if err != nil {
@@ -76,7 +76,7 @@ func mcpConnect(t *testing.T, tr mcp.Transport) *mcp.ClientSession {
 
 // callTool calls a tool and decodes its structured answer into out; a tool
 // error comes back as its text.
-func callTool(t *testing.T, cs *mcp.ClientSession, name string, args any, out any) string {
+func callTool(t testing.TB, cs *mcp.ClientSession, name string, args any, out any) string {
 	t.Helper()
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
 	if err != nil {

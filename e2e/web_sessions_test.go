@@ -19,7 +19,7 @@ import (
 // hostAgent builds the test agent (e2e/testdata/agent) for the host, in a
 // directory every user may read, so that a session member running as
 // nobody can start it without Docker.
-func hostAgent(t *testing.T) string {
+func hostAgent(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "airlock-agent-")
 	if err != nil {
@@ -38,9 +38,12 @@ func hostAgent(t *testing.T) string {
 
 // sessionsWorld starts airlockd in the test world (no Docker Engine there)
 // with sandbox default running sessions of the host agent.
-func sessionsWorld(t *testing.T, sessions string) (*testworld.World, string, *testworld.Daemon, string) {
+func sessionsWorld(t testing.TB, sessions string) (*testworld.World, string, *testworld.Daemon, string) {
 	t.Helper()
 	w := testworld.New(t)
+	if _, ok := t.(*testing.B); ok {
+		w.DaemonLogLevel = "info" // a benchmark's thousands of decisions
+	}
 	agent := hostAgent(t)
 	pol := filepath.Join(w.Dir, "default.yaml")
 	write(t, pol, fmt.Sprintf("sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n  network_denylist:\n    - pattern: other.test\n  sessions:\n    image: unused-without-docker\n    command: [%q, \"{task}\"]\n%s", agent, sessions))
