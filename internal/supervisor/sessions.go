@@ -183,16 +183,7 @@ func (r localRunner) Run(ctx context.Context, t session.Task) (session.Outcome, 
 		}
 	}
 	cfg := r.d.cfg
-	readOnly, roDirs := r.d.policyFiles(), []string(nil)
-	if cfg.Path != "" {
-		readOnly = append(readOnly, cfg.Path)
-		if dir := filepath.Dir(cfg.Path); dir != "/" {
-			roDirs = append(roDirs, dir)
-		}
-	}
-	if cfg.UpstreamCAFile != "" {
-		readOnly = append(readOnly, cfg.UpstreamCAFile)
-	}
+	readOnly, roDirs := cfg.MemberReadOnly(r.d.policyFiles())
 	tctx, cancel := context.WithTimeout(ctx, t.Timeout)
 	defer cancel()
 	out := &tailWriter{max: session.MaxOutput}
