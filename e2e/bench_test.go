@@ -203,13 +203,7 @@ func cpuTicks(pid int) int64 {
 func rssKiB(pid int) int64 {
 	var n int64
 	for _, p := range procTree(pid) {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-				k, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				n += k
-			}
-		}
+		n += ownRSSKiB(p)
 	}
 	return n
 }

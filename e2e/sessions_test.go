@@ -48,15 +48,23 @@ func agentImage(t *testing.T) {
 	t.Cleanup(func() { exec.Command("docker", "image", "rm", "-f", sesImage).Run() })
 }
 
-type bearer struct{ token string }
+// bearer adds the API token to requests it sends through base (nil:
+// http.DefaultTransport).
+type bearer struct {
+	token string
+	base  http.RoundTripper
+}
 
 func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
-	return http.DefaultTransport.RoundTrip(r)
+	if b.base == nil {
+		return http.DefaultTransport.RoundTrip(r)
+	}
+	return b.base.RoundTrip(r)
 }
 
-func mcpConnect(t *testing.T, tr mcp.Transport) *mcp.ClientSession {
+func mcpConnect(t testing.TB, tr mcp.Transport) *mcp.ClientSession {
 	t.Helper()
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, nil).Connect(context.Background(), tr, nil)
 	if err != nil {
@@ -68,7 +76,7 @@ func mcpConnect(t *testing.T, tr mcp.Transport) *mcp.ClientSession {
 
 // callTool calls a tool and decodes its structured answer into out; a tool
 // error comes back as its text.
-func callTool(t *testing.T, cs *mcp.ClientSession, name string, args any, out any) string {
+func callTool(t testing.TB, cs *mcp.ClientSession, name string, args any, out any) string {
 	t.Helper()
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args})
 	if err != nil {
@@ -204,7 +212,7 @@ func TestSessionsMCP(t *testing.T) {
 	}
 	token := strings.TrimSpace(string(tok))
 	httpMCP := func(sandbox string) *mcp.ClientSession {
-		return mcpConnect(t, &mcp.StreamableClientTransport{Endpoint: "http://127.0.0.1:" + sesPort + "/mcp/" + sandbox, HTTPClient: &http.Client{Transport: bearer{token}}, MaxRetries: -1})
+		return mcpConnect(t, &mcp.StreamableClientTransport{Endpoint: "http://127.0.0.1:" + sesPort + "/mcp/" + sandbox, HTTPClient: &http.Client{Transport: bearer{token: token}}, MaxRetries: -1})
 	}
 	cs := httpMCP(ses1)
 

@@ -68,9 +68,26 @@ type RunConfig struct {
 	// Env is the command's environment; nil means os.Environ(). Airlock's
 	// own variables are dropped from it (MemberEnv).
 	Env []string
+	// TaskEnv are NAME=VALUE entries added after that filter: what
+	// airlockd itself hands a member (AIRLOCK_TASK).
+	TaskEnv []string
 	// Stdin, Stdout and Stderr default to the process's own.
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+	// Workspace, when set, is a host directory mounted read-write at
+	// /workspace, and the command starts there. The member then runs in a
+	// root of its own: the host's directories bound read-only (with what
+	// Hide and ReadOnly made of them) and the workspace, the only place it
+	// can write.
+	Workspace string
+	// KillOnCancel kills the member when ctx ends (SIGKILL to its init,
+	// which ends its whole PID namespace) instead of sending it SIGTERM.
+	KillOnCancel bool
+	// NoSignalForward leaves the process's own signals alone; by default
+	// Run passes SIGINT, SIGTERM, SIGHUP and SIGQUIT on to the member,
+	// as a command run from a terminal expects. airlockd, whose SIGHUP
+	// means reload, sets it.
+	NoSignalForward bool
 }
 
 // MemberEnv returns env without airlock's own variables: every name that
@@ -98,9 +115,13 @@ type initConfig struct {
 	ReadOnly []string `json:"read_only,omitempty"`
 	RODirs   []string `json:"read_only_dirs,omitempty"`
 	Keep     string   `json:"keep,omitempty"` // the CA bundle
-	UID      *uint32  `json:"uid,omitempty"`
-	GID      *uint32  `json:"gid,omitempty"`
-	Env      []string `json:"env"`
+	// Workspace is bound at /workspace of a root of the member's own,
+	// built at Root (an empty directory).
+	Workspace string   `json:"workspace,omitempty"`
+	Root      string   `json:"root,omitempty"`
+	UID       *uint32  `json:"uid,omitempty"`
+	GID       *uint32  `json:"gid,omitempty"`
+	Env       []string `json:"env"`
 }
 
 // Run runs a command as a member of a sandbox: in fresh network, mount and
@@ -156,6 +177,7 @@ func Run(ctx context.Context, cfg RunConfig) (int, error) {
 			env = append(env, k+"="+cfg.CABundle)
 		}
 	}
+	env = append(env, cfg.TaskEnv...)
 	env = append(env, "AIRLOCK_SANDBOX="+cfg.Sandbox)
 	// Checked here too, for a clear error before anything is built; the
 	// member's init checks again and refuses on its own.
@@ -164,8 +186,18 @@ func Run(ctx context.Context, cfg RunConfig) (int, error) {
 			return 0, fmt.Errorf("hide %s from the member: not a directory (%v); check state_dir and run_dir in airlockd's config", d, err)
 		}
 	}
-	ic, _ := json.Marshal(initConfig{Command: cfg.Command, Resolv: resolv, UID: cfg.UID, GID: cfg.GID, Env: env,
-		Hide: cfg.Hide, ReadOnly: cfg.ReadOnly, RODirs: cfg.ReadOnlyDirs, Keep: cfg.CABundle})
+	ic := initConfig{Command: cfg.Command, Resolv: resolv, UID: cfg.UID, GID: cfg.GID, Env: env,
+		Hide: cfg.Hide, ReadOnly: cfg.ReadOnly, RODirs: cfg.ReadOnlyDirs, Keep: cfg.CABundle}
+	if cfg.Workspace != "" {
+		if fi, err := os.Stat(cfg.Workspace); err != nil || !fi.IsDir() {
+			return 0, fmt.Errorf("workspace %s: not a directory (%v)", cfg.Workspace, err)
+		}
+		ic.Workspace, ic.Root = cfg.Workspace, filepath.Join(tmp, "root")
+		if err := os.Mkdir(ic.Root, 0o755); err != nil {
+			return 0, err
+		}
+	}
+	icJSON, _ := json.Marshal(ic)
 
 	syncR, syncW, err := os.Pipe()
 	if err != nil {
@@ -177,7 +209,7 @@ func Run(ctx context.Context, cfg RunConfig) (int, error) {
 		return 0, err
 	}
 	child := exec.Command(self, InitArg)
-	child.Env = []string{initEnv + "=" + string(ic)}
+	child.Env = []string{initEnv + "=" + string(icJSON)}
 	child.Stdin, child.Stdout, child.Stderr = orStd(cfg.Stdin, os.Stdin), orOut(cfg.Stdout, os.Stdout), orOut(cfg.Stderr, os.Stderr)
 	child.ExtraFiles = []*os.File{syncR}
 	child.SysProcAttr = &syscall.SysProcAttr{
@@ -212,8 +244,10 @@ func Run(ctx context.Context, cfg RunConfig) (int, error) {
 	syncW.Close()
 
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT)
-	defer signal.Stop(sigs)
+	if !cfg.NoSignalForward {
+		signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT)
+		defer signal.Stop(sigs)
+	}
 	done := make(chan struct{})
 	go func() {
 		for {
@@ -221,7 +255,11 @@ func Run(ctx context.Context, cfg RunConfig) (int, error) {
 			case s := <-sigs:
 				child.Process.Signal(s)
 			case <-ctx.Done():
-				child.Process.Signal(unix.SIGTERM)
+				if cfg.KillOnCancel {
+					child.Process.Kill()
+				} else {
+					child.Process.Signal(unix.SIGTERM)
+				}
 				return
 			case <-done:
 				return
@@ -357,6 +395,17 @@ func memberInit() (int, error) {
 	}
 	sync.Close()
 
+	// The workspace is opened before confine hides airlockd's state
+	// directory, where it lies, and bound from the open directory.
+	wsFD := -1
+	if cfg.Workspace != "" {
+		fd, err := unix.Open(cfg.Workspace, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return 0, fmt.Errorf("open workspace %s: %w", cfg.Workspace, err)
+		}
+		wsFD = fd
+		defer unix.Close(fd)
+	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return 0, fmt.Errorf("make mounts private: %w", err)
 	}
@@ -377,6 +426,11 @@ func memberInit() (int, error) {
 	// ICMP echo sockets for every group, so ping works without
 	// capabilities (between members; beyond the bridge ICMP is dropped).
 	writeSysctl("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")
+	if wsFD >= 0 {
+		if err := enterWorkspaceRoot(cfg.Root, wsFD); err != nil {
+			return 0, err
+		}
+	}
 
 	// Look the command up the way its own environment would.
 	os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
@@ -403,6 +457,9 @@ func memberInit() (int, error) {
 	cmd := exec.Command(path, cfg.Command[1:]...)
 	cmd.Args[0] = cfg.Command[0]
 	cmd.Env = cfg.Env
+	if wsFD >= 0 {
+		cmd.Dir = ContainerWorkspace
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	if cfg.UID != nil && cfg.GID != nil {
@@ -516,6 +573,80 @@ func confine(readOnlyDirs, readOnly, hide []string, keep string) error {
 		}
 	}
 	return nil
+}
+
+// enterWorkspaceRoot makes the member's root a new one built at root (an
+// empty directory): a tmpfs holding each directory of the host's root
+// bound there with what is mounted below it (the member's /proc, and what
+// confine hid or made read-only), the host's top-level symbolic links, and
+// the directory ws (an open file) at /workspace; then every mount but the
+// workspace is made read-only and nosuid, and the host's root is detached.
+// The member can write nowhere but its workspace.
+func enterWorkspaceRoot(root string, ws int) error {
+	fail := func(what string, err error) error { return fmt.Errorf("build the member's root: %s: %w", what, err) }
+	if err := unix.Mount("airlock-root", root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=64k,nr_inodes=1024,mode=0755"); err != nil {
+		return fail("mount tmpfs", err)
+	}
+	ents, err := os.ReadDir("/")
+	if err != nil {
+		return fail("read /", err)
+	}
+	var bound []string
+	for _, e := range ents {
+		name := e.Name()
+		src, dst := "/"+name, filepath.Join(root, name)
+		switch {
+		case name == strings.TrimPrefix(ContainerWorkspace, "/"):
+			continue // the session's own
+		case e.Type()&os.ModeSymlink != 0:
+			target, err := os.Readlink(src)
+			if err == nil {
+				err = os.Symlink(target, dst)
+			}
+			if err != nil {
+				return fail(src, err)
+			}
+		case e.IsDir():
+			if err := os.Mkdir(dst, 0o755); err != nil {
+				return fail(src, err)
+			}
+			if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+				return fail("bind "+src, err)
+			}
+			bound = append(bound, dst)
+		}
+	}
+	wsDst := filepath.Join(root, ContainerWorkspace)
+	if err := os.Mkdir(wsDst, 0o755); err != nil {
+		return fail("make /workspace", err)
+	}
+	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", ws), wsDst, "", unix.MS_BIND, ""); err != nil {
+		return fail("bind the workspace", err)
+	}
+	if err := unix.Mount("", wsDst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fail("remount the workspace nosuid", err)
+	}
+	for _, d := range bound {
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID}
+		if err := unix.MountSetattr(-1, d, unix.AT_RECURSIVE, attr); err != nil {
+			return fail("make "+d+" read-only", err)
+		}
+	}
+	if err := unix.Mount("", root, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fail("make the root read-only", err)
+	}
+	// pivot_root(".", ".") stacks the old root on the new one; detaching
+	// it leaves the new root alone.
+	if err := unix.Chdir(root); err != nil {
+		return fail("chdir", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fail("pivot_root", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fail("detach the host's root", err)
+	}
+	return unix.Chdir("/")
 }
 
 // bindReadOnly binds src onto dst and makes that mount read-only (a bind

@@ -92,6 +92,7 @@ cpu=$(grep -m1 '^cpu:' "$out" | cut -d' ' -f2- || true)
 } > "$BENCH_OUT"
 GO=$GO scripts/bench-dns.sh
 GO=$GO scripts/bench-proxy.sh
+GO=$GO scripts/bench-sessions.sh
 cat scripts/bench-notes.md >> "$BENCH_OUT"
 scripts/bench-goals.sh "$(($(date +%s) - t0))"
 echo "bench: wrote $BENCH_OUT in $(($(date +%s) - t0)) s"

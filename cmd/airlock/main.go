@@ -152,16 +152,7 @@ func cmdRun(args []string) int {
 	// member too, and so is upstream_ca_file: a member must not point a
 	// sandbox at a policy of its own for the next reload (design §8,
 	// invariant 15).
-	readOnly, roDirs := policies, []string(nil)
-	if cfg.Path != "" {
-		readOnly = append(readOnly, cfg.Path)
-		if dir := filepath.Dir(cfg.Path); dir != "/" {
-			roDirs = append(roDirs, dir)
-		}
-	}
-	if cfg.UpstreamCAFile != "" {
-		readOnly = append(readOnly, cfg.UpstreamCAFile)
-	}
+	readOnly, roDirs := cfg.MemberReadOnly(policies)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	code, err := netns.Run(ctx, netns.RunConfig{

@@ -20,9 +20,13 @@ import (
 	"github.com/airlockhq/airlock/internal/config"
 	"github.com/airlockhq/airlock/internal/logging"
 	"github.com/airlockhq/airlock/internal/supervisor"
+	"github.com/airlockhq/airlock/netns"
 )
 
 func main() {
+	if netns.IsMemberInit() {
+		netns.MemberInit() // a session member's init (sessions without Docker); never returns
+	}
 	os.Exit(run())
 }
 

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -153,6 +154,25 @@ type Sandbox struct {
 // LeaseDir returns the directory of a sandbox's member leases.
 func (c *Config) LeaseDir(sandbox string) string {
 	return filepath.Join(c.RunDir, "leases", sandbox)
+}
+
+// MemberReadOnly returns what a member started on this host must not be
+// able to change (design §8, invariant 15): the policy files, the config
+// file and upstream_ca_file, bound read-only onto themselves, and the
+// config file's directory (unless it is /), bound read-only with what lies
+// below it.
+func (c *Config) MemberReadOnly(policies []string) (files, dirs []string) {
+	files = slices.Clone(policies)
+	if c.Path != "" {
+		files = append(files, c.Path)
+		if dir := filepath.Dir(c.Path); dir != "/" {
+			dirs = append(dirs, dir)
+		}
+	}
+	if c.UpstreamCAFile != "" {
+		files = append(files, c.UpstreamCAFile)
+	}
+	return files, dirs
 }
 
 type fileConfig struct {

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func TestDefault(t *testing.T) {
@@ -131,6 +133,34 @@ func TestDefaultLimits(t *testing.T) {
 			// Every sandbox at its limit fits beside the others.
 			if tc.set == (Limits{}) && tc.nofile > 2*reservedFDs && uint64(got.SandboxConnections*fdsPerConn*max(tc.sandboxes, sandboxShares)+reservedFDs) > tc.nofile {
 				t.Errorf("%d sandboxes of %d connections do not fit in %d descriptors", max(tc.sandboxes, sandboxShares), got.SandboxConnections, tc.nofile)
+			}
+		})
+	}
+}
+
+func TestMemberReadOnly(t *testing.T) {
+	tests := []struct {
+		name             string
+		cfg              Config
+		wantFiles, wantD []string
+	}{
+		{"built-in config", Config{}, []string{"/p/a.yaml"}, nil},
+		{"config file and upstream CA", Config{Path: "/etc/airlock/airlockd.yaml", UpstreamCAFile: "/etc/ca.pem"},
+			[]string{"/p/a.yaml", "/etc/airlock/airlockd.yaml", "/etc/ca.pem"}, []string{"/etc/airlock"}},
+		{"config file in /", Config{Path: "/airlockd.yaml"}, []string{"/p/a.yaml", "/airlockd.yaml"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			policies := []string{"/p/a.yaml"}
+			files, dirs := tt.cfg.MemberReadOnly(policies)
+			if diff := cmp.Diff(tt.wantFiles, files); diff != "" {
+				t.Errorf("files (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.wantD, dirs); diff != "" {
+				t.Errorf("dirs (-want +got):\n%s", diff)
+			}
+			if len(policies) != 1 {
+				t.Errorf("the caller's policies changed: %v", policies)
 			}
 		})
 	}

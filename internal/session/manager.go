@@ -101,6 +101,9 @@ type session struct {
 	LastUsed time.Time `json:"last_used"`
 	Tasks    int       `json:"tasks"`
 	Last     string    `json:"last_status,omitempty"`
+	Duration float64   `json:"last_duration_seconds,omitempty"`
+	Files    []string  `json:"files_created,omitempty"`
+	Net      Network   `json:"network"`
 
 	busy   bool
 	cancel context.CancelFunc // of the running task
@@ -266,7 +269,7 @@ func (m *Manager) Execute(ctx context.Context, req ExecuteRequest) (ExecuteResul
 	if err != nil {
 		return ExecuteResult{}, err
 	}
-	uid, gid := ids(st.User)
+	uid, gid := IDs(st.User)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s, created, err := m.claim(req.SessionID, req.UserID, st.MaxSessions, uid, gid, cancel)
@@ -284,7 +287,8 @@ func (m *Manager) Execute(ctx context.Context, req ExecuteRequest) (ExecuteResul
 	}
 	res := m.run(ctx, s, ws, st, req.Task, timeout)
 	m.mu.Lock()
-	s.LastUsed, s.Tasks, s.Last = time.Now(), s.Tasks+1, res.Status
+	s.LastUsed, s.Tasks, s.Last, s.Duration, s.Files = time.Now(), s.Tasks+1, res.Status, res.DurationSeconds, res.FilesCreated
+	s.Net = s.Net.add(res.Network)
 	m.mu.Unlock()
 	if err := m.writeRecord(s); err != nil {
 		m.log.Warn("write session record", "session", s.ID, "err", err)
@@ -515,7 +519,27 @@ func (s *session) info(now time.Time) Info {
 		status = "busy"
 	}
 	return Info{SessionID: s.ID, UserID: s.User, Member: MemberName(s.ID), Status: status, Created: s.Created, LastUsed: s.LastUsed,
-		AgeSeconds: now.Sub(s.Created).Seconds(), IdleSeconds: now.Sub(s.LastUsed).Seconds(), Tasks: s.Tasks, LastStatus: s.Last}
+		AgeSeconds: now.Sub(s.Created).Seconds(), IdleSeconds: now.Sub(s.LastUsed).Seconds(), Tasks: s.Tasks, LastStatus: s.Last,
+		LastDuration: s.Duration, FilesCreated: slices.Clone(orEmpty(s.Files)), Network: s.Net.add(Network{})}
+}
+
+// add sums up two tasks' networks: the counts, and the hosts of both
+// (sorted, at most maxHosts).
+func (n Network) add(o Network) Network {
+	hosts := slices.Concat(n.Hosts, o.Hosts)
+	slices.Sort(hosts)
+	hosts = slices.Compact(hosts)
+	if len(hosts) > maxHosts {
+		hosts = hosts[:maxHosts]
+	}
+	return Network{Allowed: n.Allowed + o.Allowed, Denied: n.Denied + o.Denied, Held: n.Held + o.Held, Hosts: orEmpty(hosts)}
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 func newID() string {
@@ -524,8 +548,8 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
-// ids reads "UID:GID", which the policy file has checked.
-func ids(user string) (int, int) {
+// IDs reads a sessions.user "UID:GID", which the policy file has checked.
+func IDs(user string) (int, int) {
 	u, g, _ := strings.Cut(user, ":")
 	uid, _ := strconv.Atoi(u)
 	gid, _ := strconv.Atoi(g)

@@ -168,8 +168,17 @@ func TestExecute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := list(m, ListRequest{UserID: "alice"}); len(got) != 1 || got[0].SessionID != res.SessionID || got[0].Tasks != 2 || got[0].LastStatus != StatusFailed {
-		t.Errorf("alice's sessions %+v", got)
+	got := list(m, ListRequest{UserID: "alice"})
+	if len(got) != 1 || got[0].SessionID != res.SessionID || got[0].Tasks != 2 || got[0].LastStatus != StatusFailed {
+		t.Fatalf("alice's sessions %+v", got)
+	}
+	// The list shows the last task's files and duration, and the network
+	// of both tasks.
+	if diff := cmp.Diff([]string{"in.txt"}, got[0].FilesCreated); diff != "" || got[0].LastDuration != res2.DurationSeconds {
+		t.Errorf("last task's files (-want +got):\n%s; duration %v, want %v", diff, got[0].LastDuration, res2.DurationSeconds)
+	}
+	if diff := cmp.Diff(Network{Allowed: 2, Hosts: []string{"session:" + res.SessionID}}, got[0].Network); diff != "" {
+		t.Errorf("the session's network (-want +got):\n%s", diff)
 	}
 	if got := list(m, ListRequest{}); len(got) != 2 {
 		t.Errorf("all sessions %+v", got)
@@ -347,8 +356,8 @@ func TestIdleCleanupAndRestart(t *testing.T) {
 	if r2.swept != 1 {
 		t.Errorf("Start swept %d times, want 1", r2.swept)
 	}
-	if got := list(m2, ListRequest{UserID: "alice"}); len(got) != 1 || got[0].SessionID != keep.SessionID {
-		t.Errorf("adopted %+v", got)
+	if got := list(m2, ListRequest{UserID: "alice"}); len(got) != 1 || got[0].SessionID != keep.SessionID || got[0].Network.Allowed != 1 || len(got[0].FilesCreated) != 1 {
+		t.Errorf("adopted %+v, want the session with its files and network", got)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "stray")); !os.IsNotExist(err) {
 		t.Errorf("a stray directory stayed: %v", err)

@@ -37,6 +37,7 @@ const (
 	maxSnapshot = 20000
 	maxHashed   = 16 << 20
 	maxUserID   = 128
+	maxHosts    = 100 // of a Network
 	maxPath     = 1024
 )
 
@@ -131,6 +132,11 @@ type Info struct {
 	IdleSeconds float64   `json:"idle_seconds"`
 	Tasks       int       `json:"tasks"`
 	LastStatus  string    `json:"last_status,omitempty" jsonschema:"how its last task ended"`
+	// LastDuration and FilesCreated are of the last task; Network sums up
+	// all of its tasks.
+	LastDuration float64  `json:"last_duration_seconds" jsonschema:"how long its last task ran"`
+	FilesCreated []string `json:"files_created" jsonschema:"files its last task created or changed (at most 1000)"`
+	Network      Network  `json:"network" jsonschema:"what all of its tasks did on the network; hosts at most 100"`
 }
 
 // ListResult is list_sessions's answer.

@@ -58,7 +58,7 @@ func NewServer(b Backend, sandbox string) *mcp.Server {
 	})
 	mcp.AddTool(s, &mcp.Tool{
 		Name:        "list_sessions",
-		Description: "List sessions with their status (idle or busy), age and last use; with user_id, only that user's.",
+		Description: "List sessions with their status (idle or busy), age, last use, the last task's files and the network of all their tasks; with user_id, only that user's.",
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, in session.ListRequest) (*mcp.CallToolResult, session.ListResult, error) {
 		out, err := b.List(ctx, in)
 		return nil, out, err

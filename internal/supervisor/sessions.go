@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -24,7 +26,7 @@ import (
 // startSessions opens a sandbox's session table: the sessions an earlier
 // airlockd left are adopted, their members still running removed.
 func (d *Daemon) startSessions(s *sandbox) error {
-	var runner session.Runner = noEngine{}
+	var runner session.Runner = localRunner{d: d, s: s}
 	if d.docker != nil {
 		runner = dockerRunner{d: d, s: s}
 	}
@@ -75,6 +77,9 @@ func (s *sandbox) sessionNetwork(member string, since time.Time) session.Network
 	n := session.Network{Hosts: []string{}}
 	seen := map[string]bool{}
 	for _, e := range s.journal.Query(audit.Filter{Source: member, Since: since, Limit: 10000}) {
+		if e.Kind == audit.KindConnection && strings.HasPrefix(e.Close, "intercepted") {
+			continue // its requests count, as the monitor lists them
+		}
 		conn := e.Kind == audit.KindConnection || e.Kind == audit.KindRequest
 		switch {
 		case conn && e.Verdict == policy.Allow.String():
@@ -152,11 +157,81 @@ func (r dockerRunner) Sweep(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// noEngine is the runner without a Docker Engine: sessions need one.
-type noEngine struct{}
-
-func (noEngine) Run(context.Context, session.Task) (session.Outcome, error) {
-	return session.Outcome{}, errors.New("no Docker Engine on this host: sessions run as Docker members; start Docker and restart airlockd")
+// localRunner runs a session's tasks without a Docker Engine, as
+// `airlock run` members: the same network cage, the workspace read-write
+// at /workspace of a root where the host's files are read-only, the
+// section's user, no capabilities, no_new_privs; but the host's kernel,
+// programs and files (read-only), and no memory, CPU or pids limits
+// (README, "Sessions over MCP").
+type localRunner struct {
+	d *Daemon
+	s *sandbox
 }
 
-func (noEngine) Sweep(context.Context) error { return nil }
+func (r localRunner) Run(ctx context.Context, t session.Task) (session.Outcome, error) {
+	if len(t.Command) == 0 {
+		return session.Outcome{}, errors.New("without a Docker Engine a session runs its sessions.command on this host, and the policy file gives none (the image's own command needs Docker)")
+	}
+	u, g := session.IDs(t.User)
+	uid, gid := uint32(u), uint32(g)
+	env, taskEnv := []string{}, []string{}
+	for _, kv := range t.Env {
+		if strings.HasPrefix(kv, "AIRLOCK_TASK=") {
+			taskEnv = append(taskEnv, kv)
+		} else {
+			env = append(env, kv)
+		}
+	}
+	cfg := r.d.cfg
+	readOnly, roDirs := cfg.MemberReadOnly(r.d.policyFiles())
+	tctx, cancel := context.WithTimeout(ctx, t.Timeout)
+	defer cancel()
+	out := &tailWriter{max: session.MaxOutput}
+	// The member's init dies with the thread that started it
+	// (Pdeathsig): that thread must stay for the task's whole run.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	code, err := netns.Run(tctx, netns.RunConfig{
+		Sandbox: r.s.cfg.Name, Source: t.Member, Command: t.Command,
+		LeaseDir: cfg.LeaseDir(r.s.cfg.Name), CABundle: r.s.ca.BundleFile(),
+		Hide: []string{cfg.StateDir, cfg.RunDir}, ReadOnly: readOnly, ReadOnlyDirs: roDirs,
+		UID: &uid, GID: &gid, Env: env, TaskEnv: taskEnv,
+		Stdin: strings.NewReader(t.Stdin), Stdout: out, Stderr: out,
+		Workspace: t.Workspace, KillOnCancel: true, NoSignalForward: true,
+	})
+	if err != nil {
+		return session.Outcome{}, err
+	}
+	if ctx.Err() != nil {
+		return session.Outcome{}, fmt.Errorf("the task was stopped: %w", ctx.Err())
+	}
+	return session.Outcome{ExitCode: code, TimedOut: tctx.Err() != nil, Output: out.b}, nil
+}
+
+// Sweep has nothing to do: a member dies with the airlockd that started it.
+func (localRunner) Sweep(context.Context) error { return nil }
+
+// policyFiles are the policy files of the running sandboxes, which a
+// member must not edit.
+func (d *Daemon) policyFiles() []string {
+	var out []string
+	d.byName.Range(func(_, v any) bool {
+		out = append(out, v.(*sandbox).cfg.Policy)
+		return true
+	})
+	return out
+}
+
+// tailWriter keeps the last max bytes written to it.
+type tailWriter struct {
+	max int
+	b   []byte
+}
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	if len(w.b) > 2*w.max {
+		w.b = append(w.b[:0], w.b[len(w.b)-w.max:]...)
+	}
+	return len(p), nil
+}

@@ -1,5 +1,5 @@
 // airlock's web page: the live monitor, the approval dialog, the allowlist
-// manager and the settings of a sandbox. Plain JavaScript, no dependencies;
+// manager, the sessions and the settings of a sandbox. Plain JavaScript, no dependencies;
 // every value from the server goes into the page as text, never as HTML.
 "use strict";
 
@@ -9,6 +9,7 @@ const state = {
   rows: [], sources: new Map(), counts: { total: 0, allow: 0, deny: 0 },
   queue: [], current: null, timer: null, follow: true, samples: [],
   editing: false, settings: null, returnFocus: null,
+  pinned: new Set(), sessionsTimer: null,
 };
 const MAX_ROWS = 2000;
 
@@ -80,6 +81,7 @@ function selectTab(b) {
   if (b.dataset.tab === "rules") loadRules();
   if (b.dataset.tab === "settings") loadSettings();
   if (b.dataset.tab === "proposal" && !$("proposal-rows").children.length) loadProposal();
+  if (b.dataset.tab === "sessions") loadSessions();
 }
 for (const b of tabs) {
   b.addEventListener("click", () => selectTab(b));
@@ -107,8 +109,9 @@ $("sandbox").addEventListener("change", () => { state.sandbox = $("sandbox").val
 
 async function openSandbox() {
   if (state.events) state.events.close();
-  state.editing = false; state.settings = null; state.rows = []; state.sources.clear(); state.counts = { total: 0, allow: 0, deny: 0 }; state.queue = []; state.samples = [];
-  $("rows").replaceChildren();
+  state.editing = false; state.settings = null; state.rows = []; state.sources.clear(); state.counts = { total: 0, allow: 0, deny: 0 }; state.queue = []; state.samples = []; state.pinned.clear();
+  $("rows").replaceChildren(); $("session-rows").replaceChildren(); $("f-source").value = "";
+  if (!$("tab-sessions").hidden) loadSessions();
   $("har").href = "/api/v1" + sb("/requests.har");
   $("s-ca").href = "/api/v1" + sb("/ca.pem");
   try {
@@ -246,17 +249,20 @@ function addRecord(e) {
   renderCounters();
 }
 
+function applyFilters() { for (const tr of $("rows").children) tr.hidden = !visible(tr); }
 function renderCounters() {
   $("c-total").textContent = state.counts.total; $("c-allow").textContent = state.counts.allow;
   $("c-deny").textContent = state.counts.deny; $("c-pending").textContent = state.queue.length;
-  const fs = $("f-source"), cur = fs.value;
-  if (fs.options.length - 1 !== state.sources.size) {
-    fs.replaceChildren(el("option", { value: "" }, "all"), ...[...state.sources.keys()].sort().map((s) => el("option", { value: s }, s)));
+  // The sources seen, and those the Sessions view asked for before their
+  // first record.
+  const fs = $("f-source"), cur = fs.value, names = [...new Set([...state.sources.keys(), ...state.pinned])].sort();
+  if (fs.options.length - 1 !== names.length) {
+    fs.replaceChildren(el("option", { value: "" }, "all"), ...names.map((s) => el("option", { value: s }, s)));
     fs.value = cur;
   }
   $("per-source").textContent = [...state.sources].map(([s, n]) => visibleText(s) + " " + n).join(" · ");
 }
-for (const id of ["hide-llm", "f-source", "f-verdict", "f-text"]) $(id).addEventListener("input", () => { for (const tr of $("rows").children) tr.hidden = !visible(tr); });
+for (const id of ["hide-llm", "f-source", "f-verdict", "f-text"]) $(id).addEventListener("input", applyFilters);
 $("scroller").addEventListener("scroll", () => {
   const s = $("scroller");
   state.follow = s.scrollTop + s.clientHeight >= s.scrollHeight - 4;
@@ -478,6 +484,84 @@ $("add-rule").addEventListener("submit", async (ev) => {
     $("new-pattern").value = ""; loadRules();
   } catch (e) { $("add-error").textContent = e.message; }
 });
+
+// ---- sessions ----
+// ageText shows seconds as a person reads them: 40 s, 12 min, 3 h 5 min,
+// 2 d 4 h.
+function ageText(sec) {
+  sec = Math.max(0, Math.round(sec || 0));
+  if (sec < 60) return sec + " s";
+  if (sec < 3600) return Math.floor(sec / 60) + " min";
+  if (sec < 86400) return Math.floor(sec / 3600) + " h " + Math.floor(sec % 3600 / 60) + " min";
+  return Math.floor(sec / 86400) + " d " + Math.floor(sec % 86400 / 3600) + " h";
+}
+
+// loadSessions shows the sandbox's sessions, again every 2 s while the
+// view is open: their status, age and idle time change on the server.
+async function loadSessions() {
+  clearTimeout(state.sessionsTimer);
+  if ($("tab-sessions").hidden || !state.sandbox) return;
+  const sandbox = state.sandbox;
+  try {
+    const res = await api("GET", sb("/sessions"));
+    if (sandbox !== state.sandbox) return; // another sandbox opened meanwhile
+    renderSessions(res.sessions || []);
+    $("sessions-error").textContent = "";
+  } catch (e) { $("sessions-error").textContent = e.message; }
+  clearTimeout(state.sessionsTimer);
+  if (!$("tab-sessions").hidden) state.sessionsTimer = setTimeout(loadSessions, 2000);
+}
+
+// renderSessions lists sessions; user IDs, file names and hosts come from
+// the platform and the member, and go in as text through el.
+function renderSessions(list) {
+  $("sessions-status").textContent = list.length === 1 ? "1 session" : list.length + " sessions";
+  if (!list.length) {
+    $("session-rows").replaceChildren(el("tr", {}, el("td", { colspan: "10", class: "muted" }, "No sessions in this sandbox. A platform starts one with execute_task (MCP) or POST …/sessions.")));
+    return;
+  }
+  $("session-rows").replaceChildren(...list.map((s) => {
+    const n = s.network || { allowed: 0, denied: 0, held: 0, hosts: [] }, files = s.files_created || [], hosts = n.hosts || [];
+    const status = s.status === "busy" ? "running a task" : s.last_status ? "idle · last " + s.last_status : "idle";
+    const cls = s.status === "busy" ? "warn" : s.last_status === "completed" ? "ok" : s.last_status ? "bad" : "";
+    const tr = el("tr", { "data-session": s.session_id },
+      el("td", { class: "mono", title: s.member }, s.session_id.slice(0, 8) + "…"),
+      el("td", { title: s.user_id }, s.user_id),
+      el("td", { class: cls }, status),
+      el("td", { class: "num", title: "started " + new Date(s.created).toLocaleString() }, ageText(s.age_seconds)),
+      el("td", { class: "num", title: new Date(s.last_used).toLocaleString() }, ageText(s.idle_seconds) + " ago"),
+      el("td", { class: "num", title: s.tasks + (s.tasks === 1 ? " task" : " tasks") }, s.tasks ? durationText(s.last_duration_seconds * 1000) || "0 s" : ""),
+      el("td", { class: "mono wrap", title: files.join(", ") }, files.length ? files.join(", ") : "none"),
+      el("td", { title: n.allowed + " allowed, " + n.denied + " denied, " + n.held + " held for approval" },
+        el("span", { class: "ok" }, n.allowed + " allowed"), " · ", el("span", { class: n.denied ? "bad" : "" }, n.denied + " denied"), " · ", el("span", { class: n.held ? "warn" : "" }, n.held + " held")),
+      el("td", { class: "mono wrap", title: hosts.join(", ") }, hosts.join(", ")),
+      el("td", { class: "actions" },
+        el("button", { "aria-label": "traffic of " + s.member, onclick: () => showTraffic(s.member) }, "traffic"),
+        el("button", { class: "danger", "aria-label": "clean up " + s.member, onclick: (ev) => cleanupSession(ev.target, s) }, "clean up")));
+    return tr;
+  }));
+}
+
+// showTraffic opens the monitor filtered by a session's member.
+function showTraffic(member) {
+  state.pinned.add(member);
+  renderCounters();
+  $("f-source").value = member;
+  applyFilters();
+  const b = $("tabbtn-monitor");
+  selectTab(b); b.focus();
+}
+
+// cleanupSession ends a session through the API: a running task is
+// stopped, the workspace removed.
+async function cleanupSession(button, s) {
+  button.disabled = true; $("sessions-error").textContent = "";
+  try {
+    await api("DELETE", sb("/sessions/" + encodeURIComponent(s.session_id)));
+  } catch (e) { $("sessions-error").textContent = e.message; button.disabled = false; return; }
+  await loadSessions();
+  $("sessions-status").textContent = "Cleaned up " + s.member + ".";
+}
 
 // ---- settings ----
 async function loadSettings() {
