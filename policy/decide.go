@@ -134,6 +134,9 @@ type Decision struct {
 	Reason Reason
 	// Unknown is the sandbox's unknown_action when it decided.
 	Unknown Action
+	// Until is when learn mode ends, for a decision learn mode made
+	// (ReasonLearn): what it let through is let through until then.
+	Until time.Time
 }
 
 // String explains the decision in one line, for logs and 403 pages.
@@ -332,7 +335,7 @@ func (rs *Ruleset) unknownDecision() Decision {
 	d := Decision{Reason: ReasonUnknown, Unknown: rs.unknownNow()}
 	switch d.Unknown {
 	case ActionLearn:
-		d.Verdict, d.Reason = Allow, ReasonLearn
+		d.Verdict, d.Reason, d.Until = Allow, ReasonLearn, rs.learnUntil
 	case ActionAllow:
 		d.Verdict = Allow
 	case ActionAsk:

@@ -119,7 +119,7 @@ func Propose(hits []Hit, decide func(Query) Decision) []Proposed {
 		if hh.ip || !defaultPort(hh.port) {
 			continue
 		}
-		if d, err := publicsuffix.EffectiveTLDPlusOne(hh.host); err == nil && d != hh.host {
+		if d, err := publicsuffix.EffectiveTLDPlusOne(hh.host); err == nil && d != hh.host && !sharedDomain(d) {
 			groups[d] = append(groups[d], hh)
 		}
 	}
@@ -277,10 +277,8 @@ func hostFlags(host string) []string {
 		return []string{"raw IP address: no name says whose it is"}
 	}
 	var out []string
-	if d, err := publicsuffix.EffectiveTLDPlusOne(host); err == nil {
-		if what, ok := sharingSites[d]; ok {
-			out = append(out, what+" site: anything can be carried out through it")
-		}
+	if what, ok := underSharingSite(host); ok {
+		out = append(out, what+" site: anything can be carried out through it")
 	}
 	for _, l := range strings.Split(host, ".") {
 		if randomLabel(l) {
@@ -304,14 +302,61 @@ var sharingSites = map[string]string{
 	"sendspace.com": "file-sharing", "filebin.net": "file-sharing", "temp.sh": "file-sharing",
 	"bashupload.com": "file-sharing", "anonfiles.com": "file-sharing",
 	"webhook.site": "request-catching", "requestbin.net": "request-catching", "pipedream.net": "request-catching",
+	"requestcatcher.com": "request-catching", "interact.sh": "request-catching", "oast.fun": "request-catching",
+	"oast.pro": "request-catching", "oast.live": "request-catching", "oast.site": "request-catching",
+	"oast.online": "request-catching", "oast.me": "request-catching", "oastify.com": "request-catching",
+	"burpcollaborator.net": "request-catching", "dnslog.cn": "request-catching", "ceye.io": "request-catching",
+	"canarytokens.com": "request-catching",
+	"ngrok.io":         "tunnel", "ngrok.app": "tunnel", "ngrok-free.app": "tunnel", "ngrok-free.dev": "tunnel",
+	"trycloudflare.com": "tunnel", "loca.lt": "tunnel", "serveo.net": "tunnel", "localhost.run": "tunnel",
+	"lhr.life": "tunnel", "pinggy.link": "tunnel", "nip.io": "tunnel", "sslip.io": "tunnel",
 }
 
-// IsSharingSite reports whether host is under a paste, file-sharing or
-// request-catching site's domain.
+// sharedClouds are registrable domains (by the public suffix list) whose
+// subdomains belong to many unrelated customers (buckets, CDN and app
+// endpoints) without the list saying so: a "*.domain" over one would open
+// every customer's, so Propose never groups under them. Shared domains the
+// list knows (github.io, s3.amazonaws.com) need no entry: their registrable
+// domains are one owner's already.
+var sharedClouds = map[string]bool{
+	"amazonaws.com": true, "googleapis.com": true, "storage.googleapis.com": true,
+	"googleusercontent.com": true, "cloudflarestorage.com": true, "fastly.net": true,
+	"akamaihd.net": true, "edgekey.net": true, "edgesuite.net": true, "azure.com": true,
+	"windows.net": true, "azurefd.net": true, "firebaseio.com": true, "glitch.me": true,
+	"digitaloceanspaces.com": true, "linodeobjects.com": true, "backblazeb2.com": true,
+	"wasabisys.com": true, "oraclecloud.com": true,
+}
+
+// underSharingSite returns what kind of sharing site host is under, if
+// it is under one (at any depth: "x.ngrok-free.app" is its own
+// registrable domain but still a tunnel).
+func underSharingSite(host string) (string, bool) {
+	for d := host; d != ""; {
+		if what, ok := sharingSites[d]; ok {
+			return what, true
+		}
+		_, rest, ok := strings.Cut(d, ".")
+		if !ok {
+			break
+		}
+		d = rest
+	}
+	return "", false
+}
+
+// sharedDomain reports whether "*.d", for a registrable domain d, would
+// open many unrelated owners' hosts: d is a shared cloud domain or a
+// sharing site.
+func sharedDomain(d string) bool {
+	_, sharing := sharingSites[d]
+	return sharing || sharedClouds[d]
+}
+
+// IsSharingSite reports whether host is under a paste, file-sharing,
+// request-catching or tunnel site's domain.
 func IsSharingSite(host string) bool {
-	d, err := publicsuffix.EffectiveTLDPlusOne(host)
-	_, ok := sharingSites[d]
-	return err == nil && ok
+	_, ok := underSharingSite(host)
+	return ok
 }
 
 // randomLabel reports whether a DNS label looks generated rather than

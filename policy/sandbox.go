@@ -80,7 +80,26 @@ func OpenSandbox(cfg SandboxConfig) (*Sandbox, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.setLocked(spec, nil)
+	s.pinLearnLocked()
 	return s, nil
+}
+
+// pinLearnLocked writes the end of learn mode into the policy file when
+// the file says learn without learn_until: learn mode lasts one
+// DefaultLearnFor from when it was put in force, and a restart of airlockd
+// must not start another. A file that cannot be written keeps the end in
+// memory only.
+func (s *Sandbox) pinLearnLocked() {
+	if s.spec.UnknownAction != ActionLearn || !s.spec.LearnUntil.IsZero() || s.learnUntil.IsZero() {
+		return
+	}
+	until := s.learnUntil.UTC().Truncate(time.Second)
+	if err := setSettings(s.path, Settings{LearnUntil: &until}, s.diskHooksLocked()); err != nil {
+		return
+	}
+	if spec, err := loadOrDefault(s.path); err == nil {
+		s.setLocked(spec, s.session)
+	}
 }
 
 func loadOrDefault(path string) (*Spec, error) {
@@ -422,6 +441,7 @@ func (s *Sandbox) reloadLocked(session []*Rule) error {
 		return fmt.Errorf("sandbox %s: reload: %w", s.name, err)
 	}
 	s.setLocked(spec, session)
+	s.pinLearnLocked()
 	return nil
 }
 

@@ -128,6 +128,16 @@ func TestMethodOverrideIsDecided(t *testing.T) {
 	if err != nil || status != 403 {
 		t.Errorf("POST overridden to DELETE: %d %v, want 403", status, err)
 	}
+	// Servers differ on which of several values they take: every one is
+	// decided, not only the first.
+	status, _, _, err = h.fetch(t, "POST", fmt.Sprintf("https://api.allowed.test:%d/v1/x", port), ca.CertFile(), http.Header{"X-Http-Method-Override": {"POST", "DELETE"}})
+	if err != nil || status != 403 {
+		t.Errorf("POST with overrides POST and DELETE: %d %v, want 403", status, err)
+	}
+	status, _, _, err = h.fetch(t, "POST", fmt.Sprintf("https://api.allowed.test:%d/v1/x", port), ca.CertFile(), http.Header{"X-Http-Method-Override": {"POST, DELETE"}})
+	if err != nil || status != 403 {
+		t.Errorf("POST with override \"POST, DELETE\": %d %v, want 403", status, err)
+	}
 }
 
 // The host's own addresses are refused like loopback.

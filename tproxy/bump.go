@@ -183,8 +183,9 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	d := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, Path: target})
 	// Servers that honour a method override act on it: it is decided too,
 	// and the stricter answer stands.
-	for _, k := range methodOverrides {
-		if m := strings.ToUpper(strings.TrimSpace(r.Header.Get(k))); m != "" && m != r.Method {
+	// Every value is: servers differ on which of several they take.
+	for _, m := range overrideMethods(r.Header) {
+		if m != strings.ToUpper(r.Method) {
 			od := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: m, Path: target})
 			if od.Verdict == policy.Deny || od.Verdict == policy.Ask && d.Verdict == policy.Allow {
 				d = od
@@ -260,6 +261,23 @@ func setTarget(r *http.Request, target string) error {
 // methodOverrides are the headers with which clients tell servers to treat
 // a request as another method.
 var methodOverrides = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"}
+
+// overrideMethods returns the methods a request's override headers name,
+// upper-cased: every value of each, and every item of a comma-separated
+// value.
+func overrideMethods(h http.Header) []string {
+	var out []string
+	for _, k := range methodOverrides {
+		for _, v := range h.Values(k) {
+			for _, m := range strings.Split(v, ",") {
+				if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
+					out = append(out, m)
+				}
+			}
+		}
+	}
+	return out
+}
 
 // stripUpgrade removes a protocol upgrade from a request's headers.
 func stripUpgrade(h http.Header) {

@@ -506,7 +506,47 @@ func (p *Proxy) act(c *conn, t target, a action) {
 			tr.up = up
 		}
 		p.mu.Unlock()
+		if a.decision.Reason == policy.ReasonLearn {
+			stop := p.cutWhenLearnEnds(c, t, up, a.decision.Until)
+			defer stop()
+		}
 		p.splice(c, up, t.name, a.inspect)
+	}
+}
+
+// cutWhenLearnEnds closes a spliced connection learn mode let through once
+// learn mode ends, unless a rule allows it by then: learn mode is bounded
+// in time, and so is what it let through (intercepted connections are
+// decided request by request and need no such watch). It returns a func
+// that stops the watch.
+func (p *Proxy) cutWhenLearnEnds(c *conn, t target, up *net.TCPConn, until time.Time) (stop func()) {
+	var mu sync.Mutex
+	var timer *time.Timer
+	stopped := false
+	var check func()
+	check = func() {
+		d := p.cfg.Policy.Decide(policy.Query{Source: c.rec.Source, Host: t.host, Port: t.dst.Port()})
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case stopped:
+		case d.Verdict == policy.Allow && d.Reason == policy.ReasonLearn:
+			// learn_until was moved later.
+			timer = time.AfterFunc(time.Until(d.Until), check)
+		case d.Verdict == policy.Allow:
+			// A rule allows it now.
+		default:
+			p.log.Info("learn mode ended: connection closed", "sandbox", p.cfg.Sandbox, "source", c.rec.Source, "host", t.host, "port", t.dst.Port())
+			c.client.Close()
+			up.Close()
+		}
+	}
+	timer = time.AfterFunc(time.Until(until), check)
+	return func() {
+		mu.Lock()
+		stopped = true
+		timer.Stop()
+		mu.Unlock()
 	}
 }
 
