@@ -332,10 +332,10 @@ func TestNoIPv6NoSpoofing(t *testing.T) {
 	}
 }
 
-// dropCount returns the packet counter of the rule in sandbox A's
-// prerouting chain whose text contains match.
+// dropCount returns the packet counter of the rule in sandbox A's source
+// checks whose text contains match.
 func dropCount(t *testing.T, w *testworld.World, match string) int {
-	out, err := w.HostExec("nft", "list", "chain", "inet", "airlock", "pre-al-"+sbA)
+	out, err := w.HostExec("nft", "list", "chain", "inet", "airlock", "src-al-"+sbA)
 	if err != nil {
 		t.Fatalf("nft list: %v %s", err, out)
 	}
