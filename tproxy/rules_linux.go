@@ -213,8 +213,9 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 //	  from a sink (diverted packets): notrack;
 //	  port 53 (UDP, TCP) tproxy to the gate, other TCP tproxy to the proxy,
 //	  each setting the mark; TCP left over (no socket) reset; the rest drop.
-//	input (filter): from a sink with the mark accept; from a bridge or a
-//	  sink anything else drop.
+//	input (filter): from a sink to a socket bound to 0.0.0.0 drop; from
+//	  a sink with the mark accept; from a bridge or a sink anything else
+//	  drop.
 //	forward (filter): bridge → same bridge accept (bridged frames under
 //	  br_netfilter); from or to a bridge drop.
 //	output (filter, raw): to a bridge notrack (the proxy's and the gate's
@@ -283,6 +284,11 @@ func (b *builder) build(cfg RulesConfig) {
 		b.rule(sTP, l4proto(unix.IPPROTO_TCP), counter(), rejectTCPReset())
 		b.rule(sTP, counterDrop())
 
+		// tproxy hands a packet to any transparent socket on the port,
+		// also one bound to 0.0.0.0 (a host's unbound with ip-transparent,
+		// another proxy): while airlockd is gone, that one would answer
+		// members. The gate's and the proxy's are bound to the gateway.
+		b.rule(in, iifname(sink), socketWildcard(), counterDrop())
 		b.rule(in, iifname(sink), markSet(cfg.Mark), verdict(expr.VerdictAccept))
 		b.rule(in, iifname(sink), counterDrop())
 		b.rule(in, iifname(br), counterDrop())
@@ -511,6 +517,15 @@ func dupTo(index int) []expr.Any {
 	return []expr.Any{
 		&expr.Immediate{Register: 1, Data: binaryutil.NativeEndian.PutUint32(uint32(index))},
 		&expr.Dup{RegDev: 1, IsRegDevSet: true},
+	}
+}
+
+// socketWildcard matches packets assigned to a full socket bound to the
+// wildcard address (a request or time-wait socket does not match).
+func socketWildcard() []expr.Any {
+	return []expr.Any{
+		&expr.Socket{Key: expr.SocketKeyWildcard, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
 	}
 }
 
