@@ -332,11 +332,11 @@ func TestNoIPv6NoSpoofing(t *testing.T) {
 	}
 }
 
-// dropCount returns the packet counter of the rule in sandbox A's
-// prerouting chain whose text contains match.
+// dropCount returns the packet counter of the rule in sandbox A's source
+// checks whose text contains match.
 func dropCount(t *testing.T, w *testworld.World, match string) int {
 	t.Helper()
-	return ruleCounter(t, w, "inet", "pre-al-"+sbA, regexp.MustCompile(regexp.QuoteMeta(match)))
+	return ruleCounter(t, w, "inet", "src-al-"+sbA, regexp.MustCompile(regexp.QuoteMeta(match)))
 }
 
 func TestIsolation(t *testing.T) {

@@ -2,18 +2,23 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/testworld"
+	"github.com/airlockhq/airlock/internal/transparent"
 )
 
 // The datapath is TPROXY (docs/design.md §12): these tests show it as a
@@ -169,6 +174,19 @@ func TestDatapathIsTPROXY(t *testing.T) {
 			t.Errorf("conntrack holds flows of members:\n%s", strings.Join(ct, "\n"))
 		}
 	}
+	// From another network the gateway is not there: neither the proxy
+	// nor the gate answers a caller from the internet.
+	w.InNetns(w.Inet, func() {
+		if c, err := net.DialTimeout("tcp4", "10.88.0.1:15001", 2*time.Second); err == nil {
+			c.Close()
+			t.Error("the internet reached the proxy at 10.88.0.1:15001")
+		}
+		m := new(dns.Msg)
+		m.SetQuestion("allowed.test.", dns.TypeA)
+		if r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, "10.88.0.1:53"); err == nil {
+			t.Errorf("the internet got an answer from the gate at 10.88.0.1:53: %v", r)
+		}
+	})
 	switch brNetfilter(t, w) {
 	case "":
 		t.Fatal("br_netfilter is not loaded (Docker loads it; modprobe br_netfilter): the datapath must be shown with it on")
@@ -213,5 +231,52 @@ func TestDivertedPacketsFindNothingWhenAirlockdDies(t *testing.T) {
 	}
 	if ct := conntrackFrom(t, w, netip.MustParsePrefix("10.88.0.0/16")); len(ct) > 0 {
 		t.Errorf("with airlockd dead, conntrack holds:\n%s", strings.Join(ct, "\n"))
+	}
+
+	// Another transparent socket of the host on the same ports, bound to
+	// every address (a resolver with ip-transparent, say), would match
+	// tproxy while airlockd is gone: it must not get the members' traffic.
+	var got atomic.Int32
+	w.InNetns(w.Host, func() {
+		ln, err := transparent.Listen("tcp4", netip.MustParseAddrPort("0.0.0.0:15001"), true)
+		if err != nil {
+			t.Errorf("transparent listener: %v", err)
+			return
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				got.Add(1)
+				c.Close()
+			}
+		}()
+		pc, err := transparent.ListenPacket("udp4", netip.MustParseAddrPort("0.0.0.0:53"), true)
+		if err != nil {
+			t.Errorf("transparent UDP socket: %v", err)
+			return
+		}
+		t.Cleanup(func() { pc.Close() })
+		go func() {
+			buf := make([]byte, 512)
+			for {
+				if _, _, err := pc.ReadFrom(buf); err != nil {
+					return
+				}
+				got.Add(1)
+			}
+		}()
+	})
+	if r := w.Run(cfg, sbA, "agent", 20*time.Second, "curl", "-sS", "-m", "3", "http://"+testworld.WebAddr+"/"); r.Code == 0 {
+		t.Errorf("curl with airlockd dead and a wildcard transparent listener: %q", r.Stdout)
+	}
+	if r := w.Run(cfg, sbA, "agent", 20*time.Second, "dig", "+short", "+tries=1", "+time=2", "@"+testworld.DNSAddr, "allowed.test"); r.Code == 0 {
+		t.Errorf("dig with airlockd dead and a wildcard transparent socket: %q", r.Stdout)
+	}
+	if n := got.Load(); n != 0 {
+		t.Errorf("a wildcard transparent socket of the host got %d of the members' connections or queries", n)
 	}
 }

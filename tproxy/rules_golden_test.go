@@ -201,7 +201,7 @@ func withUnparsed(t *testing.T, m netlink.Message, parsed []expr.Any) []expr.Any
 			}
 			u32 := map[uint16]uint32{}
 			switch name {
-			case "tproxy", "dup":
+			case "tproxy", "dup", "socket":
 				for _, a := range attrsOf(t, data) {
 					u32[a.Type] = binary.BigEndian.Uint32(a.Data)
 				}
@@ -212,6 +212,8 @@ func withUnparsed(t *testing.T, m netlink.Message, parsed []expr.Any) []expr.Any
 			case "dup":
 				_, dev := u32[unix.NFTA_DUP_SREG_DEV]
 				out = append(out, &expr.Dup{RegAddr: u32[unix.NFTA_DUP_SREG_ADDR], RegDev: u32[unix.NFTA_DUP_SREG_DEV], IsRegDevSet: dev})
+			case "socket":
+				out = append(out, &expr.Socket{Key: expr.SocketKey(u32[1 /* NFTA_SOCKET_KEY */]), Register: u32[2 /* NFTA_SOCKET_DREG */]})
 			default:
 				if len(parsed) == 0 {
 					t.Fatalf("expression %q sent but not parsed", name)
@@ -315,6 +317,8 @@ func renderExprs(es []expr.Any) string {
 				break
 			}
 			parts = append(parts, fmt.Sprintf("dup to device r%d", e.RegDev))
+		case *expr.Socket:
+			parts = append(parts, fmt.Sprintf("r%d = socket key %d", e.Register, e.Key))
 		case *expr.Notrack:
 			parts = append(parts, "notrack")
 		case *expr.Reject:

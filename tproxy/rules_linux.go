@@ -203,24 +203,34 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 // build lays out the inet table. The base chains accept by default and
 // only jump for sandbox links, so the rest of the host is untouched:
 //
+//	spoof (prerouting, -450: before defragmentation): from a bridge or
+//	  its sink, IPv6 drop; source outside the subnet, or the gateway's
+//	  own, drop (spoofing).
 //	prerouting (filter, raw: before conntrack and Docker's NAT):
-//	  from a bridge (br_netfilter's pass, or the host's receive): IPv6
-//	  drop; source outside the subnet, or the gateway's own, drop
-//	  (spoofing); to another member of the subnet accept; TCP and UDP to
-//	  port 53 notrack, accept; everything else drop.
-//	  from a sink (diverted packets): notrack; the same source checks;
+//	  from a bridge (br_netfilter's pass, or the host's receive): to
+//	  another member of the subnet accept; TCP and UDP to port 53
+//	  notrack, accept; everything else drop.
+//	  from a sink (diverted packets): notrack;
 //	  port 53 (UDP, TCP) tproxy to the gate, other TCP tproxy to the proxy,
 //	  each setting the mark; TCP left over (no socket) reset; the rest drop.
-//	input (filter): from a sink with the mark accept; from a bridge or a
-//	  sink anything else drop.
+//	input (filter): from a sink to a socket bound to 0.0.0.0 drop; from
+//	  a sink with the mark accept; from a bridge or a sink anything else
+//	  drop.
 //	forward (filter): bridge → same bridge accept (bridged frames under
 //	  br_netfilter); from or to a bridge drop.
 //	output (filter, raw): to a bridge notrack (the proxy's and the gate's
 //	  answers leave no conntrack entry).
-//	and in prerouting, input and forward: from (or to) a member veth, a
+//	and in spoof, prerouting, input and forward: from (or to) a member veth, a
 //	  divert end, or a bridge or sink named like a sandbox's that no
 //	  sandbox owns: drop.
 func (b *builder) build(cfg RulesConfig) {
+	// The source checks run before defragmentation (conntrack's defrag
+	// hook, at -400, which tproxy needs): the reassembly queues are shared
+	// by every interface, so a fragment that a member sends with another
+	// sandbox's source would otherwise join that sandbox's datagram before
+	// any check saw it, and be delivered inside it when a member there
+	// sends the piece that completes it: a channel between sandboxes.
+	spoof := b.chain("spoof", nftables.ChainHookPrerouting, nftables.ChainPriorityRef(*nftables.ChainPriorityConntrackDefrag-50), nftables.ChainTypeFilter)
 	pre := b.chain("prerouting", nftables.ChainHookPrerouting, nftables.ChainPriorityRaw, nftables.ChainTypeFilter)
 	in := b.chain("input", nftables.ChainHookInput, nftables.ChainPriorityFilter, nftables.ChainTypeFilter)
 	fwd := b.chain("forward", nftables.ChainHookForward, nftables.ChainPriorityFilter, nftables.ChainTypeFilter)
@@ -231,7 +241,7 @@ func (b *builder) build(cfg RulesConfig) {
 	// gone: drop everything, or a host that forwards would route it out.
 	// Nothing is ever received on a divert end.
 	for _, p := range []string{cfg.MemberVethPrefix, cfg.DivertPrefix} {
-		for _, c := range []*nftables.Chain{pre, in, fwd} {
+		for _, c := range []*nftables.Chain{spoof, pre, in, fwd} {
 			b.rule(c, iifnamePrefix(p), counterDrop())
 		}
 		b.rule(fwd, oifnamePrefix(p), counterDrop())
@@ -241,27 +251,32 @@ func (b *builder) build(cfg RulesConfig) {
 	for _, s := range cfg.Sandboxes {
 		br, sink := s.Bridge, s.Sink
 		gw := netip.PrefixFrom(s.Gateway, 32)
+		sSrc := b.chain("src-"+br, nil, nil, "")
 		sPre := b.chain("pre-"+br, nil, nil, "")
 		sTP := b.chain("tp-"+br, nil, nil, "")
+		// The sink's packets too: a host without br_netfilter never ran
+		// the bridge pass on them.
+		b.rule(spoof, iifname(br), jump(sSrc.Name))
+		b.rule(spoof, iifname(sink), jump(sSrc.Name))
 		b.rule(pre, iifname(br), jump(sPre.Name))
 		b.rule(pre, iifname(sink), jump(sTP.Name))
 
+		// The source checks: IPv6 drop; a source outside the subnet, or
+		// the gateway's own, drop (spoofing).
+		b.rule(sSrc, nfproto(unix.NFPROTO_IPV6), counterDrop())
+		b.rule(sSrc, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, s.Subnet, expr.CmpOpNeq), counterDrop())
+		b.rule(sSrc, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, gw, expr.CmpOpEq), counterDrop())
+		b.rule(sSrc, verdict(expr.VerdictAccept))
+
 		// The bridge pass.
-		b.rule(sPre, nfproto(unix.NFPROTO_IPV6), counterDrop())
-		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, s.Subnet, expr.CmpOpNeq), counterDrop())
-		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, gw, expr.CmpOpEq), counterDrop())
 		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, s.Subnet, expr.CmpOpEq),
 			ip4Addr(offDaddr, gw, expr.CmpOpNeq), verdict(expr.VerdictAccept))
 		b.rule(sPre, l4proto(unix.IPPROTO_TCP), notrack(), verdict(expr.VerdictAccept))
 		b.rule(sPre, l4proto(unix.IPPROTO_UDP), dport(53), notrack(), verdict(expr.VerdictAccept))
 		b.rule(sPre, counterDrop())
 
-		// The sink pass: the same source checks, as a host without
-		// br_netfilter never ran the bridge pass on these packets.
+		// The sink pass; the source checks ran in chain spoof.
 		b.rule(sTP, notrack())
-		b.rule(sTP, nfproto(unix.NFPROTO_IPV6), counterDrop())
-		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, s.Subnet, expr.CmpOpNeq), counterDrop())
-		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), ip4Addr(offSaddr, gw, expr.CmpOpEq), counterDrop())
 		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_UDP), dport(53), tproxyTo(s.Gateway, cfg.GatePort), setMark(cfg.Mark), verdict(expr.VerdictAccept))
 		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), dport(53), tproxyTo(s.Gateway, cfg.GatePort), setMark(cfg.Mark), verdict(expr.VerdictAccept))
 		b.rule(sTP, nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), tproxyTo(s.Gateway, cfg.ProxyPort), setMark(cfg.Mark), verdict(expr.VerdictAccept))
@@ -269,9 +284,19 @@ func (b *builder) build(cfg RulesConfig) {
 		b.rule(sTP, l4proto(unix.IPPROTO_TCP), counter(), rejectTCPReset())
 		b.rule(sTP, counterDrop())
 
+		// tproxy hands a packet to any transparent socket on the port,
+		// also one bound to 0.0.0.0 (a host's unbound with ip-transparent,
+		// another proxy): while airlockd is gone, that one would answer
+		// members. The gate's and the proxy's are bound to the gateway.
+		b.rule(in, iifname(sink), socketWildcard(), counterDrop())
 		b.rule(in, iifname(sink), markSet(cfg.Mark), verdict(expr.VerdictAccept))
 		b.rule(in, iifname(sink), counterDrop())
 		b.rule(in, iifname(br), counterDrop())
+		// The gateway is the sandbox's address: nothing from another
+		// network reaches the gate or the proxy there (which would take
+		// the caller for a member, or use up the sandbox's limits). The
+		// host's own processes still can, over lo.
+		b.rule(in, iifnameNot("lo"), nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, gw, expr.CmpOpEq), counterDrop())
 
 		b.rule(fwd, iifname(br), oifname(br), verdict(expr.VerdictAccept))
 		b.rule(fwd, iifname(br), counterDrop())
@@ -287,7 +312,7 @@ func (b *builder) build(cfg RulesConfig) {
 		prefixes = append(prefixes, cfg.BridgePrefix)
 	}
 	for _, p := range prefixes {
-		for _, c := range []*nftables.Chain{pre, in, fwd} {
+		for _, c := range []*nftables.Chain{spoof, pre, in, fwd} {
 			b.rule(c, iifnamePrefix(p), counterDrop())
 		}
 	}
@@ -385,6 +410,14 @@ func ifnameBytes(n string) []byte {
 
 func iifname(n string) []expr.Any { return ifnameMatch(expr.MetaKeyIIFNAME, ifnameBytes(n)) }
 func oifname(n string) []expr.Any { return ifnameMatch(expr.MetaKeyOIFNAME, ifnameBytes(n)) }
+
+// iifnameNot matches packets that did not arrive on interface n.
+func iifnameNot(n string) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifnameBytes(n)},
+	}
+}
 
 // iifnamePrefix and oifnamePrefix match names starting with p: without the
 // NUL padding the comparison is a prefix match.
@@ -490,6 +523,15 @@ func dupTo(index int) []expr.Any {
 	}
 }
 
+// socketWildcard matches packets assigned to a full socket bound to the
+// wildcard address (a request or time-wait socket does not match).
+func socketWildcard() []expr.Any {
+	return []expr.Any{
+		&expr.Socket{Key: expr.SocketKeyWildcard, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
+	}
+}
+
 func notrack() []expr.Any { return []expr.Any{&expr.Notrack{}} }
 
 func counter() []expr.Any { return []expr.Any{&expr.Counter{}} }
@@ -510,7 +552,7 @@ func counterDrop() []expr.Any {
 
 // chainsOf returns the names of the chains built for bridge.
 func chainsOf(bridge string) []string {
-	return []string{"pre-" + bridge, "tp-" + bridge}
+	return []string{"src-" + bridge, "pre-" + bridge, "tp-" + bridge}
 }
 
 // DeleteSandboxRules removes one bridge's rules and chains from airlock's

@@ -48,7 +48,7 @@ func TestEnsureRulesReplacesTableAtomically(t *testing.T) {
 		typ := int(m.Header.Type) & 0xff
 		kinds = append(kinds, typ)
 		if typ == unix.NFT_MSG_NEWCHAIN {
-			for _, name := range []string{"prerouting", "input", "forward", "output", "pre-al-a", "tp-al-a", "pre-al-b", "tp-al-b"} {
+			for _, name := range []string{"spoof", "prerouting", "input", "forward", "output", "src-al-a", "pre-al-a", "tp-al-a", "src-al-b", "pre-al-b", "tp-al-b"} {
 				if strings.Contains(string(m.Data), name+"\x00") {
 					chains[name] = true
 				}
@@ -59,7 +59,7 @@ func TestEnsureRulesReplacesTableAtomically(t *testing.T) {
 	if len(kinds) < 5 || kinds[1] != unix.NFT_MSG_NEWTABLE || kinds[2] != unix.NFT_MSG_DELTABLE || kinds[3] != unix.NFT_MSG_NEWTABLE {
 		t.Errorf("message kinds start %v; want batch begin, NEWTABLE, DELTABLE, NEWTABLE", kinds[:min(len(kinds), 5)])
 	}
-	if len(chains) != 8 {
+	if len(chains) != 11 {
 		t.Errorf("chains built: %v", chains)
 	}
 	rules := 0
@@ -68,10 +68,10 @@ func TestEnsureRulesReplacesTableAtomically(t *testing.T) {
 			rules++
 		}
 	}
-	// Drops of member veths and divert ends (4 each), sinks routed out (1);
-	// per sandbox: 2 jumps, 7 pre, 9 tp, 3 input, 4 forward, 1 output; and
-	// drops of unowned sinks (3).
-	if want := 4 + 4 + 1 + 2*(2+7+9+3+4+1) + 3; rules != want {
+	// Drops of member veths and divert ends (5 each), sinks routed out (1);
+	// per sandbox: 4 jumps, 4 src, 4 pre, 6 tp, 5 input, 4 forward, 1
+	// output; and drops of unowned sinks (4).
+	if want := 5 + 5 + 1 + 2*(4+4+4+6+5+4+1) + 4; rules != want {
 		t.Errorf("%d rules, want %d", rules, want)
 	}
 }
