@@ -260,7 +260,8 @@ func (m *Manager) Execute(ctx context.Context, req ExecuteRequest) (ExecuteResul
 	}
 	timeout := st.Timeout
 	if req.Timeout != 0 {
-		if req.Timeout < 1 || time.Duration(req.Timeout)*time.Second > policy.MaxSessionTaskTimeout {
+		// Compared in seconds: a huge one would wrap round as a Duration.
+		if req.Timeout < 1 || req.Timeout > int(policy.MaxSessionTaskTimeout/time.Second) {
 			return ExecuteResult{}, errorf(BadInput, "timeout %d is out of range; want 1 to %d seconds", req.Timeout, int(policy.MaxSessionTaskTimeout/time.Second))
 		}
 		timeout = time.Duration(req.Timeout) * time.Second

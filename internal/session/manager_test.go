@@ -228,6 +228,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{name: "base64", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Files: []UploadFile{{Path: "ok.txt", Content: "not base64!"}}}, kind: BadInput, msg: "not valid base64"},
 		{name: "too big", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Files: []UploadFile{{Path: "big", Content: b64(big)}}}, kind: BadInput, msg: "cap of one upload"},
 		{name: "timeout too long", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Timeout: 3601}, kind: BadInput, msg: "want 1 to 3600"},
+		{name: "timeout wrapping past the int64 of a duration", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Timeout: 18446744074}, kind: BadInput, msg: "out of range"},
 		{name: "timeout negative", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Timeout: -1}, kind: BadInput, msg: "out of range"},
 		{name: "no user", req: ExecuteRequest{Task: "t"}, kind: BadInput, msg: "user_id is required"},
 		{name: "no task", req: ExecuteRequest{Task: " ", UserID: "alice"}, kind: BadInput, msg: "task is empty"},
