@@ -343,11 +343,13 @@ func (m *Manager) claim(id, user string, maxSessions, uid, gid int, cancel conte
 }
 
 // release ends a claim; drop removes a session made for a request that was
-// then refused.
+// then refused. A session cleaned up meanwhile goes too: its Cleanup may
+// have stopped waiting for the task, and left the workspace to this.
 func (m *Manager) release(s *session, drop bool) {
 	m.mu.Lock()
 	s.busy, s.cancel = false, nil
 	close(s.done)
+	drop = drop || m.sessions[s.ID] != s
 	if drop {
 		delete(m.sessions, s.ID)
 	} else if !m.closed {

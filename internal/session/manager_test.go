@@ -405,3 +405,57 @@ func list(m *Manager, req ListRequest) []Info {
 	res, _ := m.List(context.Background(), req)
 	return res.Sessions
 }
+
+// stubbornRunner's tasks end only when let is closed, whatever their
+// context says: a member slow to die.
+type stubbornRunner struct {
+	inside chan struct{}
+	let    chan struct{}
+}
+
+func (s stubbornRunner) Run(context.Context, Task) (Outcome, error) {
+	s.inside <- struct{}{}
+	<-s.let
+	return Outcome{ExitCode: 137}, nil
+}
+
+func (stubbornRunner) Sweep(context.Context) error { return nil }
+
+// TestCleanupGivenUp: a cleanup whose caller stops waiting for the task to
+// end still removes the session's workspace when it does end, so the next
+// airlockd does not bring the session back.
+func TestCleanupGivenUp(t *testing.T) {
+	dir := t.TempDir()
+	r := stubbornRunner{inside: make(chan struct{}, 1), let: make(chan struct{})}
+	st := settings()
+	m, err := New(Config{Sandbox: "sb", Dir: dir, Runner: r, Settings: func() *policy.Sessions { return st },
+		Logger: slog.New(slog.NewTextHandler(tlogWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan ExecuteResult)
+	go func() {
+		res, _ := m.Execute(context.Background(), ExecuteRequest{Task: "sleep", UserID: "alice"})
+		done <- res
+	}()
+	<-r.inside
+	id := list(m, ListRequest{})[0].SessionID
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := m.Cleanup(ctx, CleanupRequest{SessionID: id}); err == nil {
+		t.Fatal("cleanup of a task that does not end said it was done")
+	}
+	close(r.let)
+	<-done
+	m.Close()
+	if _, err := os.Stat(m.dir(id)); !os.IsNotExist(err) {
+		t.Errorf("the cleaned-up session's directory stayed: %v", err)
+	}
+	m2, _ := newManager(t, dir, st)
+	if got := list(m2, ListRequest{}); len(got) != 0 {
+		t.Errorf("the next airlockd adopted cleaned-up sessions: %+v", got)
+	}
+}
