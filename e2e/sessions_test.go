@@ -286,6 +286,13 @@ func TestSessionsMCP(t *testing.T) {
 		}
 	})
 
+	t.Run("output is the last 64 KiB, however long its lines", func(t *testing.T) {
+		res := execTask(t, cs, session.ExecuteRequest{Task: "lines 9000", UserID: "dave"})
+		if !strings.HasSuffix(res.Output, "the last line\n") || !strings.HasPrefix(res.Output, "[airlock: ") || len(res.Output) > session.MaxOutput+200 {
+			t.Errorf("output of %d bytes starts %.60q, ends %q", len(res.Output), res.Output, res.Output[max(0, len(res.Output)-40):])
+		}
+	})
+
 	t.Run("a task past its timeout ends timeout, its container gone", func(t *testing.T) {
 		res := execTask(t, cs, session.ExecuteRequest{Task: "sleep 60", UserID: "dave", Timeout: 2})
 		if res.Status != session.StatusTimeout || res.DurationSeconds > 30 {

@@ -1,7 +1,6 @@
 package netns
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +27,7 @@ const (
 	nobody              = "65534:65534"
 	defaultPidsLimit    = 256
 	maxLaunchOutput     = 1 << 20
+	maxLaunchLogRead    = 256 << 20 // of the last 10,000 lines, for maxLaunchOutput
 	containerNameMaxLen = 128
 )
 
@@ -270,13 +270,12 @@ func (d *Docker) Wait(ctx context.Context, id string, timeout time.Duration) (Re
 	}
 	bg := context.WithoutCancel(ctx)
 	if rc, err := d.cli.ContainerLogs(bg, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: "10000"}); err == nil {
-		var out bytes.Buffer
-		stdcopy.StdCopy(&out, &out, io.LimitReader(rc, maxLaunchOutput*2))
+		// The last lines, read through to their end: the last bytes
+		// are what a caller wants (an agent's answer comes last).
+		out := &TailWriter{Max: maxLaunchOutput}
+		stdcopy.StdCopy(out, out, io.LimitReader(rc, maxLaunchLogRead))
 		rc.Close()
 		res.Output = out.Bytes()
-		if len(res.Output) > maxLaunchOutput {
-			res.Output = res.Output[len(res.Output)-maxLaunchOutput:]
-		}
 	}
 	if err := d.cli.ContainerRemove(bg, id, container.RemoveOptions{Force: true}); err != nil && !errdefs.IsNotFound(err) {
 		d.log.Warn("remove finished member", "container", id, "err", err)

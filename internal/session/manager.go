@@ -260,7 +260,8 @@ func (m *Manager) Execute(ctx context.Context, req ExecuteRequest) (ExecuteResul
 	}
 	timeout := st.Timeout
 	if req.Timeout != 0 {
-		if req.Timeout < 1 || time.Duration(req.Timeout)*time.Second > policy.MaxSessionTaskTimeout {
+		// Compared in seconds: a huge one would wrap round as a Duration.
+		if req.Timeout < 1 || req.Timeout > int(policy.MaxSessionTaskTimeout/time.Second) {
 			return ExecuteResult{}, errorf(BadInput, "timeout %d is out of range; want 1 to %d seconds", req.Timeout, int(policy.MaxSessionTaskTimeout/time.Second))
 		}
 		timeout = time.Duration(req.Timeout) * time.Second
@@ -342,11 +343,13 @@ func (m *Manager) claim(id, user string, maxSessions, uid, gid int, cancel conte
 }
 
 // release ends a claim; drop removes a session made for a request that was
-// then refused.
+// then refused. A session cleaned up meanwhile goes too: its Cleanup may
+// have stopped waiting for the task, and left the workspace to this.
 func (m *Manager) release(s *session, drop bool) {
 	m.mu.Lock()
 	s.busy, s.cancel = false, nil
 	close(s.done)
+	drop = drop || m.sessions[s.ID] != s
 	if drop {
 		delete(m.sessions, s.ID)
 	} else if !m.closed {

@@ -228,6 +228,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{name: "base64", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Files: []UploadFile{{Path: "ok.txt", Content: "not base64!"}}}, kind: BadInput, msg: "not valid base64"},
 		{name: "too big", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Files: []UploadFile{{Path: "big", Content: b64(big)}}}, kind: BadInput, msg: "cap of one upload"},
 		{name: "timeout too long", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Timeout: 3601}, kind: BadInput, msg: "want 1 to 3600"},
+		{name: "timeout wrapping past the int64 of a duration", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Timeout: 18446744074}, kind: BadInput, msg: "out of range"},
 		{name: "timeout negative", req: ExecuteRequest{Task: "t", UserID: "alice", SessionID: id, Timeout: -1}, kind: BadInput, msg: "out of range"},
 		{name: "no user", req: ExecuteRequest{Task: "t"}, kind: BadInput, msg: "user_id is required"},
 		{name: "no task", req: ExecuteRequest{Task: " ", UserID: "alice"}, kind: BadInput, msg: "task is empty"},
@@ -403,4 +404,58 @@ func (w tlogWriter) Write(p []byte) (int, error) {
 func list(m *Manager, req ListRequest) []Info {
 	res, _ := m.List(context.Background(), req)
 	return res.Sessions
+}
+
+// stubbornRunner's tasks end only when let is closed, whatever their
+// context says: a member slow to die.
+type stubbornRunner struct {
+	inside chan struct{}
+	let    chan struct{}
+}
+
+func (s stubbornRunner) Run(context.Context, Task) (Outcome, error) {
+	s.inside <- struct{}{}
+	<-s.let
+	return Outcome{ExitCode: 137}, nil
+}
+
+func (stubbornRunner) Sweep(context.Context) error { return nil }
+
+// TestCleanupGivenUp: a cleanup whose caller stops waiting for the task to
+// end still removes the session's workspace when it does end, so the next
+// airlockd does not bring the session back.
+func TestCleanupGivenUp(t *testing.T) {
+	dir := t.TempDir()
+	r := stubbornRunner{inside: make(chan struct{}, 1), let: make(chan struct{})}
+	st := settings()
+	m, err := New(Config{Sandbox: "sb", Dir: dir, Runner: r, Settings: func() *policy.Sessions { return st },
+		Logger: slog.New(slog.NewTextHandler(tlogWriter{t}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan ExecuteResult)
+	go func() {
+		res, _ := m.Execute(context.Background(), ExecuteRequest{Task: "sleep", UserID: "alice"})
+		done <- res
+	}()
+	<-r.inside
+	id := list(m, ListRequest{})[0].SessionID
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := m.Cleanup(ctx, CleanupRequest{SessionID: id}); err == nil {
+		t.Fatal("cleanup of a task that does not end said it was done")
+	}
+	close(r.let)
+	<-done
+	m.Close()
+	if _, err := os.Stat(m.dir(id)); !os.IsNotExist(err) {
+		t.Errorf("the cleaned-up session's directory stayed: %v", err)
+	}
+	m2, _ := newManager(t, dir, st)
+	if got := list(m2, ListRequest{}); len(got) != 0 {
+		t.Errorf("the next airlockd adopted cleaned-up sessions: %+v", got)
+	}
 }

@@ -31,14 +31,17 @@ const (
 	MaxTask = 64 << 10
 	// MaxFilesCreated caps the files_created list of an answer.
 	MaxFilesCreated = 1000
-	// maxSnapshot caps the entries of a workspace snapshot; maxHashed is
-	// the largest file whose content is hashed (bigger ones compare by
-	// size and time).
-	maxSnapshot = 20000
-	maxHashed   = 16 << 20
-	maxUserID   = 128
-	maxHosts    = 100 // of a Network
-	maxPath     = 1024
+	// maxSnapshot caps the entries (of any kind) a workspace snapshot
+	// visits, and maxDepth how deep it goes; maxHashed is the largest file
+	// whose content is hashed and maxHashedTotal the bytes one snapshot
+	// hashes (other files compare by size and time).
+	maxSnapshot    = 20000
+	maxDepth       = 64
+	maxHashed      = 16 << 20
+	maxHashedTotal = 256 << 20
+	maxUserID      = 128
+	maxHosts       = 100 // of a Network
+	maxPath        = 1024
 )
 
 // Task statuses.

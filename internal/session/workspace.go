@@ -274,39 +274,76 @@ type fileState struct {
 }
 
 // snapshot walks the workspace without following links: path → state of
-// regular files and symbolic links, at most maxSnapshot entries.
+// regular files and symbolic links. What the member left there is hostile,
+// so the walk is bounded: at most maxSnapshot entries of any kind, no
+// deeper than maxDepth and no path longer than maxPath (get_files could
+// not name it), at most maxHashedTotal bytes hashed (files past it compare
+// by size and time), each directory opened once (no path is resolved
+// again from the top) and read in batches.
 func (w workspace) snapshot() (map[string]fileState, error) {
 	r, err := w.open()
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	out := map[string]fileState{}
-	err = fs.WalkDir(r.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // unreadable: skipped
-		}
-		if len(out) >= maxSnapshot {
-			return fs.SkipAll
-		}
-		switch t := d.Type(); {
-		case t.IsDir(), p == ".":
-			return nil
-		case t&fs.ModeSymlink != 0:
-			target, err := r.Readlink(p)
-			if err == nil {
-				out[p] = fileState{mode: fs.ModeSymlink, hash: sha256.Sum256([]byte(target))}
-			}
-		case t.IsRegular():
-			out[p] = w.fileState(r, p)
-		}
-		return nil
-	})
-	return out, err
+	sn := snapshotter{out: map[string]fileState{}}
+	sn.dir(r, "", 0)
+	return sn.out, nil
 }
 
-func (w workspace) fileState(r *os.Root, p string) fileState {
-	fh, err := r.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+type snapshotter struct {
+	out     map[string]fileState
+	visited int   // entries seen, of any kind
+	hashed  int64 // bytes hashed
+}
+
+// dir records the entries of the directory r, which is prefix in the
+// workspace, depth directories down.
+func (sn *snapshotter) dir(r *os.Root, prefix string, depth int) {
+	d, err := r.Open(".")
+	if err != nil {
+		return // unreadable: skipped
+	}
+	var subdirs []string
+	for sn.visited < maxSnapshot {
+		ents, err := d.ReadDir(min(256, maxSnapshot-sn.visited))
+		for _, e := range ents {
+			sn.visited++
+			p := prefix + e.Name()
+			switch t := e.Type(); {
+			case len(p) > maxPath:
+			case t.IsDir():
+				if depth < maxDepth {
+					subdirs = append(subdirs, e.Name())
+				}
+			case t&fs.ModeSymlink != 0:
+				if target, err := r.Readlink(e.Name()); err == nil {
+					sn.out[p] = fileState{mode: fs.ModeSymlink, hash: sha256.Sum256([]byte(target))}
+				}
+			case t.IsRegular():
+				sn.out[p] = sn.file(r, e.Name())
+			}
+		}
+		if err != nil || len(ents) == 0 {
+			break
+		}
+	}
+	d.Close()
+	for _, name := range subdirs {
+		if sn.visited >= maxSnapshot {
+			return
+		}
+		sub, err := r.OpenRoot(name)
+		if err != nil {
+			continue
+		}
+		sn.dir(sub, prefix+name+"/", depth+1)
+		sub.Close()
+	}
+}
+
+func (sn *snapshotter) file(r *os.Root, name string) fileState {
+	fh, err := r.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return fileState{}
 	}
@@ -316,7 +353,8 @@ func (w workspace) fileState(r *os.Root, p string) fileState {
 		return fileState{}
 	}
 	st := fileState{size: fi.Size(), mtime: fi.ModTime()}
-	if fi.Size() <= maxHashed {
+	if fi.Size() <= maxHashed && sn.hashed+fi.Size() <= maxHashedTotal {
+		sn.hashed += fi.Size()
 		h := sha256.New()
 		io.Copy(h, io.LimitReader(fh, maxHashed))
 		h.Sum(st.hash[:0])

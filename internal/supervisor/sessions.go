@@ -186,7 +186,8 @@ func (r localRunner) Run(ctx context.Context, t session.Task) (session.Outcome, 
 	readOnly, roDirs := cfg.MemberReadOnly(r.d.policyFiles())
 	tctx, cancel := context.WithTimeout(ctx, t.Timeout)
 	defer cancel()
-	out := &tailWriter{max: session.MaxOutput}
+	// Twice the answer's bound, so that session's tail sees the cut.
+	out := &netns.TailWriter{Max: 2 * session.MaxOutput}
 	// The member's init dies with the thread that started it
 	// (Pdeathsig): that thread must stay for the task's whole run.
 	runtime.LockOSThread()
@@ -205,7 +206,7 @@ func (r localRunner) Run(ctx context.Context, t session.Task) (session.Outcome, 
 	if ctx.Err() != nil {
 		return session.Outcome{}, fmt.Errorf("the task was stopped: %w", ctx.Err())
 	}
-	return session.Outcome{ExitCode: code, TimedOut: tctx.Err() != nil, Output: out.b}, nil
+	return session.Outcome{ExitCode: code, TimedOut: tctx.Err() != nil, Output: out.Bytes()}, nil
 }
 
 // Sweep has nothing to do: a member dies with the airlockd that started it.
@@ -220,18 +221,4 @@ func (d *Daemon) policyFiles() []string {
 		return true
 	})
 	return out
-}
-
-// tailWriter keeps the last max bytes written to it.
-type tailWriter struct {
-	max int
-	b   []byte
-}
-
-func (w *tailWriter) Write(p []byte) (int, error) {
-	w.b = append(w.b, p...)
-	if len(w.b) > 2*w.max {
-		w.b = append(w.b[:0], w.b[len(w.b)-w.max:]...)
-	}
-	return len(p), nil
 }

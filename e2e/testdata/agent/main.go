@@ -66,6 +66,13 @@ func main() {
 			p, n, _ := strings.Cut(rest, " ")
 			size, _ := strconv.Atoi(n)
 			os.WriteFile(filepath.Join("/workspace", p), make([]byte, size), 0o644)
+		case "lines":
+			n, _ := strconv.Atoi(rest)
+			line := strings.Repeat("x", 300)
+			for range n {
+				fmt.Println(line)
+			}
+			fmt.Println("the last line")
 		case "link":
 			target, name, _ := strings.Cut(rest, " ")
 			os.Symlink(target, filepath.Join("/workspace", name))
