@@ -77,10 +77,8 @@ func (n Network) ensureSink(h *netlink.Handle, mac net.HardwareAddr) (int, error
 	switch {
 	case errors.As(err, &notFound):
 		// A lone sink end (its pair half-deleted) is in the way.
-		if old, err := h.LinkByName(n.Sink); err == nil {
-			if err := h.LinkDel(old); err != nil {
-				return 0, fmt.Errorf("remove stale link %s: %w", n.Sink, err)
-			}
+		if err := deleteLink(h, n.Sink); err != nil {
+			return 0, fmt.Errorf("remove stale link: %w", err)
 		}
 		la := netlink.NewLinkAttrs()
 		la.Name = n.Divert
@@ -146,11 +144,12 @@ func EnsureDivertRouting(h *netlink.Handle) error {
 			return fmt.Errorf("add ip rule fwmark %#x lookup %d: %w", DivertMark, DivertTable, err)
 		}
 	}
-	local := &netlink.Route{LinkIndex: 1, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
-		Table: DivertTable, Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
-	if lo, err := h.LinkByName("lo"); err == nil {
-		local.LinkIndex = lo.Attrs().Index
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
 	}
+	local := &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: prefixNet(netip.MustParsePrefix("0.0.0.0/0")),
+		Table: DivertTable, Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST}
 	if err := h.RouteReplace(local); err != nil {
 		return fmt.Errorf("add route local 0.0.0.0/0 dev lo table %d: %w", DivertTable, err)
 	}

@@ -269,8 +269,7 @@ func (b *builder) build(cfg RulesConfig) {
 		b.rule(sSrc, verdict(expr.VerdictAccept))
 
 		// The bridge pass.
-		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), ip4Addr(offDaddr, s.Subnet, expr.CmpOpEq),
-			ip4Addr(offDaddr, gw, expr.CmpOpNeq), verdict(expr.VerdictAccept))
+		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), toOtherMember(s.Subnet, s.Gateway), verdict(expr.VerdictAccept))
 		b.rule(sPre, l4proto(unix.IPPROTO_TCP), notrack(), verdict(expr.VerdictAccept))
 		b.rule(sPre, l4proto(unix.IPPROTO_UDP), dport(53), notrack(), verdict(expr.VerdictAccept))
 		b.rule(sPre, counterDrop())
@@ -355,8 +354,7 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 	c := conn.AddChain(&nftables.Chain{Name: divertChain(d.Bridge), Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookIngress, Priority: nftables.ChainPriorityFilter, Device: d.Bridge, Policy: &accept})
 	conn.FlushChain(c)
-	gw := netip.PrefixFrom(d.Gateway, 32)
-	b.rule(c, etherIPv4(), ip4Addr(offDaddr, d.Subnet, expr.CmpOpEq), ip4Addr(offDaddr, gw, expr.CmpOpNeq), verdict(expr.VerdictAccept))
+	b.rule(c, etherIPv4(), toOtherMember(d.Subnet, d.Gateway), verdict(expr.VerdictAccept))
 	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_TCP), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_UDP), dport(53), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 	if err := conn.Flush(); err != nil {
@@ -368,10 +366,6 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 // DeleteDivert removes a bridge's netdev chain; a missing one is not an
 // error.
 func DeleteDivert(conn *nftables.Conn, bridge string) error {
-	present, err := tablePresent(conn, nftables.TableFamilyNetdev)
-	if err != nil || !present {
-		return err
-	}
 	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyNetdev)
 	if err != nil {
 		return explainNftError(err)
@@ -389,12 +383,6 @@ func DeleteDivert(conn *nftables.Conn, bridge string) error {
 }
 
 func divertChain(bridge string) string { return "divert-" + bridge }
-
-// DivertBridges returns the bridges airlock's netdev table has a divert
-// chain for.
-func DivertBridges(conn *nftables.Conn) []string {
-	return chainBridges(conn, nftables.TableFamilyNetdev, "divert-")
-}
 
 // Offsets of the IPv4 source and destination addresses in the header.
 const (
@@ -472,6 +460,13 @@ func ip4Addr(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
 		&expr.Cmp{Op: op, Register: 1, Data: a[:]},
 	}
+}
+
+// toOtherMember matches IPv4 packets to an address of subnet other than
+// the gateway: traffic between members, which is bridged, not proxied. Put
+// an IPv4 match first.
+func toOtherMember(subnet netip.Prefix, gateway netip.Addr) []expr.Any {
+	return slices.Concat(ip4Addr(offDaddr, subnet, expr.CmpOpEq), ip4Addr(offDaddr, netip.PrefixFrom(gateway, 32), expr.CmpOpNeq))
 }
 
 // tproxyTo hands the packet to the transparent socket on addr:port (the
@@ -622,10 +617,13 @@ func mentions(r *nftables.Rule, own map[string]bool, links ...string) bool {
 	return false
 }
 
-// TableBridges returns the bridges airlock's inet table has rules for, so
-// that a teardown also finds sandboxes no longer in the config.
+// TableBridges returns the bridges airlock's tables have rules for (inet
+// chains or a netdev divert chain), each once, so that a start or a
+// teardown also finds sandboxes no longer in the config.
 func TableBridges(conn *nftables.Conn) []string {
-	return chainBridges(conn, nftables.TableFamilyINet, "pre-")
+	out := slices.Concat(chainBridges(conn, nftables.TableFamilyINet, "pre-"), chainBridges(conn, nftables.TableFamilyNetdev, "divert-"))
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // chainBridges returns the bridges named by the chains of airlock's table

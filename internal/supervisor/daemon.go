@@ -230,11 +230,10 @@ func (d *Daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
 	for _, sb := range wanted {
 		keep[netns.BridgeName(sb.Name)] = true
 	}
-	for _, b := range slices.Concat(tproxy.TableBridges(d.conn), tproxy.DivertBridges(d.conn)) {
+	for _, b := range tproxy.TableBridges(d.conn) {
 		if keep[b] {
 			continue
 		}
-		keep[b] = true // once
 		if err := d.removeNetwork(b); err != nil {
 			return fmt.Errorf("remove bridge %s of a sandbox no longer configured (its rules stay until it is gone): %w", b, err)
 		}
