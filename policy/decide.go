@@ -271,6 +271,7 @@ func (rs *Ruleset) Decide(q Query) Decision {
 		return Decision{Verdict: Deny, Rule: denyHost, Reason: ReasonDenyRule}
 	}
 	allowHost, allowL7 := rs.allow.matchHost(host, q.Source, q.Port, isIP, q.MemberOnly || q.AskEach)
+	unknown := rs.unknownNow() // once: learn mode may end between two reads of the clock
 	switch {
 	case allowHost != nil && denyL7 != nil:
 		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
@@ -287,10 +288,10 @@ func (rs *Ruleset) Decide(q Query) Decision {
 	case q.AskEach:
 		// Intercept, so that each request is seen and asked about.
 		return Decision{Verdict: NeedsL7, Reason: ReasonAskEach}
-	case denyL7 != nil && (rs.unknownNow() == ActionAllow || rs.unknownNow() == ActionLearn):
+	case denyL7 != nil && (unknown == ActionAllow || unknown == ActionLearn):
 		return Decision{Verdict: NeedsL7, Rule: denyL7, Reason: ReasonDenyPathRule}
 	}
-	return rs.unknownDecision()
+	return rs.unknownDecision(unknown)
 }
 
 func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
@@ -328,11 +329,13 @@ func (rs *Ruleset) noRuleDecision(memberOnly, askEach bool) Decision {
 	case askEach:
 		return Decision{Verdict: Ask, Reason: ReasonAskEach, Unknown: rs.unknown}
 	}
-	return rs.unknownDecision()
+	return rs.unknownDecision(rs.unknownNow())
 }
 
-func (rs *Ruleset) unknownDecision() Decision {
-	d := Decision{Reason: ReasonUnknown, Unknown: rs.unknownNow()}
+// unknownDecision is the decision of unknown, the unknown action in force
+// (unknownNow), for traffic no rule matched.
+func (rs *Ruleset) unknownDecision(unknown Action) Decision {
+	d := Decision{Reason: ReasonUnknown, Unknown: unknown}
 	switch d.Unknown {
 	case ActionLearn:
 		d.Verdict, d.Reason, d.Until = Allow, ReasonLearn, rs.learnUntil
