@@ -22,6 +22,10 @@ func TestDependencyArrows(t *testing.T) {
 		"tproxy":  {"github.com/labstack/echo/v4", "github.com/docker/docker/client", module + "/netns", module + "/ui"},
 		"netns":   {"github.com/labstack/echo/v4", module + "/tproxy", module + "/dnsgate", module + "/ui"},
 		"ui":      {"github.com/vishvananda/netlink", "github.com/google/nftables"},
+		// The member API only asks the approvals broker: it reaches nothing
+		// else (design §5.10).
+		"memberapi": {"github.com/labstack/echo/v4", "github.com/docker/docker/client", "github.com/vishvananda/netlink",
+			"github.com/google/nftables", module + "/dnsgate", module + "/tproxy", module + "/netns", module + "/ui"},
 	}
 	// policy may not use the network itself. golang.org/x/net/publicsuffix
 	// brings in net/http/cookiejar, so check direct imports for these.

@@ -34,7 +34,8 @@ const (
 	VerdictDenied    = "denied"    // NXDOMAIN: a deny rule matched
 	VerdictRefused   = "refused"   // REFUSED: type not allowed, or name not allowlisted
 	VerdictTripped   = "exfiltration"
-	VerdictError     = "error" // SERVFAIL: upstream failed
+	VerdictError     = "error"    // SERVFAIL: upstream failed
+	VerdictInternal  = "internal" // airlock.internal, answered with the gateway
 )
 
 // Event records one query.
@@ -89,6 +90,11 @@ type Config struct {
 	TTL uint32
 	// UpstreamTimeout bounds one forwarded query; 0 means 5 s.
 	UpstreamTimeout time.Duration
+	// Internal is the IPv4 address policy.InternalName (airlock.internal)
+	// answers with: the gateway, where the proxy serves the member API.
+	// Zero means Listen's address; when that is unspecified too, the name
+	// does not exist.
+	Internal netip.Addr
 }
 
 // DefaultTTL is the TTL, in seconds, of fake-IP answers: short, so that a
@@ -123,6 +129,12 @@ func New(cfg Config) (*Gate, error) {
 	}
 	if cfg.UpstreamTimeout == 0 {
 		cfg.UpstreamTimeout = 5 * time.Second
+	}
+	if !cfg.Internal.IsValid() && !cfg.Listen.Addr().IsUnspecified() {
+		cfg.Internal = cfg.Listen.Addr()
+	}
+	if cfg.Internal.IsValid() && !cfg.Internal.Is4() {
+		return nil, errors.New("dnsgate: the internal address must be IPv4")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -280,6 +292,9 @@ func (g *Gate) answer(req *dns.Msg, addr netip.Addr) *dns.Msg {
 	case dns.TypePTR:
 		return g.reverse(req, resp, name, &ev)
 	}
+	if policy.IsInternalName(name) {
+		return g.internal(req, resp, name, &ev)
+	}
 
 	d := g.cfg.Policy.DecideName(ev.Source, name)
 	if d.Rule != nil {
@@ -342,6 +357,29 @@ func (g *Gate) forward(req, resp *dns.Msg, name string, ev *Event) *dns.Msg {
 		if rr.Header().Rrtype != dns.TypeOPT {
 			resp.Extra = append(resp.Extra, rr)
 		}
+	}
+	return resp
+}
+
+// internal answers airlock.internal, whatever the policy says, with the
+// gateway (A; other types have no data), and nothing under it: the member
+// API's name is airlock's own, never forwarded and never a fake IP.
+func (g *Gate) internal(req, resp *dns.Msg, name string, ev *Event) *dns.Msg {
+	if name != policy.InternalName || !g.cfg.Internal.IsValid() {
+		ev.Verdict, ev.Reason = VerdictDenied, "reserved: only "+policy.InternalName+" itself exists"
+		resp.Rcode = dns.RcodeNameError
+		resp.Authoritative = true
+		return resp
+	}
+	resp.Authoritative = true
+	ev.Verdict, ev.Reason = VerdictInternal, "the member API"
+	q := req.Question[0]
+	if q.Qtype == dns.TypeA {
+		ev.Reason = g.cfg.Internal.String()
+		resp.Answer = append(resp.Answer, &dns.A{
+			Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: g.cfg.TTL},
+			A:   g.cfg.Internal.AsSlice(),
+		})
 	}
 	return resp
 }

@@ -469,3 +469,70 @@ func TestGateLogAllowed(t *testing.T) {
 		})
 	}
 }
+
+// TestGateInternalName: airlock.internal, in any case, with or without the
+// trailing dot, is answered with the gateway whatever the policy says
+// (here: deny everything, and a deny rule for the name itself); AAAA and
+// other types have no data; nothing under it exists; none of it reaches
+// the upstream or takes a fake IP.
+func TestGateInternalName(t *testing.T) {
+	gw := netip.MustParseAddr("10.88.0.1")
+	w := newWorldWith(t, GuardConfig{}, func(c *Config) {
+		c.Internal = gw
+		c.Policy = policy.NewRuleset(policy.ActionDeny, []*policy.Rule{
+			policy.NewRule(policy.Denylist, policy.User, policy.MustParse("*.internal"), "", "test", time.Time{}),
+			policy.NewRule(policy.Denylist, policy.User, policy.MustParse("airlock.internal"), "", "test", time.Time{}),
+		})
+	})
+	tests := []struct {
+		name   string
+		netw   string
+		qname  string
+		qtype  uint16
+		rcode  int
+		answer string // the A record's address; "" for no data
+	}{
+		{name: "A", netw: "udp", qname: "airlock.internal.", qtype: dns.TypeA, rcode: dns.RcodeSuccess, answer: "10.88.0.1"},
+		{name: "A over TCP", netw: "tcp", qname: "airlock.internal.", qtype: dns.TypeA, rcode: dns.RcodeSuccess, answer: "10.88.0.1"},
+		{name: "mixed case", netw: "udp", qname: "AirLock.INTERNAL.", qtype: dns.TypeA, rcode: dns.RcodeSuccess, answer: "10.88.0.1"},
+		{name: "AAAA no data", netw: "udp", qname: "airlock.internal.", qtype: dns.TypeAAAA, rcode: dns.RcodeSuccess},
+		{name: "TXT no data", netw: "udp", qname: "airlock.internal.", qtype: dns.TypeTXT, rcode: dns.RcodeSuccess},
+		{name: "under it", netw: "udp", qname: "x.airlock.internal.", qtype: dns.TypeA, rcode: dns.RcodeNameError},
+		{name: "deep under it", netw: "udp", qname: "a.b.AIRLOCK.internal.", qtype: dns.TypeTXT, rcode: dns.RcodeNameError},
+		{name: "a name ending like it", netw: "udp", qname: "xairlock.internal.", qtype: dns.TypeA, rcode: dns.RcodeNameError},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := w.query(t, tt.netw, tt.qname, tt.qtype)
+			if r.Rcode != tt.rcode {
+				t.Fatalf("rcode = %s, want %s", dns.RcodeToString[r.Rcode], dns.RcodeToString[tt.rcode])
+			}
+			var got string
+			for _, rr := range r.Answer {
+				a, ok := rr.(*dns.A)
+				if !ok {
+					t.Fatalf("answer %v, want only A records", rr)
+				}
+				got = a.A.String()
+			}
+			if len(r.Answer) > 1 || got != tt.answer {
+				t.Errorf("answers = %v, want %q", r.Answer, tt.answer)
+			}
+		})
+	}
+	if q := w.upstream.Queries(); len(q) != 0 {
+		t.Errorf("the upstream saw %v", q)
+	}
+	if n := w.pool.Len(); n != 0 {
+		t.Errorf("%d names took a fake IP, want none", n)
+	}
+	var internal int
+	for _, e := range w.Events() {
+		if e.Verdict == VerdictInternal {
+			internal++
+		}
+	}
+	if internal != 5 {
+		t.Errorf("%d events with verdict internal, want 5: %+v", internal, w.Events())
+	}
+}

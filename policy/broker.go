@@ -28,6 +28,8 @@ const (
 	// ResolveAllowPattern adds an allow rule (session, or in the policy
 	// file with Persist) and releases every held request it matches.
 	ResolveAllowPattern
+	// ResolveAllow grants a member's port or resources request.
+	ResolveAllow
 )
 
 func (r Resolution) String() string {
@@ -38,11 +40,13 @@ func (r Resolution) String() string {
 		return "allow_once"
 	case ResolveAllowPattern:
 		return "allow_pattern"
+	case ResolveAllow:
+		return "allow"
 	}
 	return "Resolution(" + strconv.Itoa(int(r)) + ")"
 }
 
-// ParseResolution reads "deny", "allow_once" or "allow_pattern".
+// ParseResolution reads "deny", "allow_once", "allow_pattern" or "allow".
 func ParseResolution(s string) (Resolution, error) {
 	switch s {
 	case "deny":
@@ -51,8 +55,10 @@ func ParseResolution(s string) (Resolution, error) {
 		return ResolveAllowOnce, nil
 	case "allow_pattern":
 		return ResolveAllowPattern, nil
+	case "allow":
+		return ResolveAllow, nil
 	}
-	return 0, fmt.Errorf("unknown action %q: want deny, allow_once or allow_pattern", s)
+	return 0, fmt.Errorf("unknown action %q: want deny, allow_once or allow_pattern (network), or allow (port, resources)", truncate(s, 40))
 }
 
 // Choice is what a person decided about a pending approval.
@@ -66,23 +72,42 @@ type Choice struct {
 	Force bool
 }
 
-// AskRequest describes held traffic. It asks about one request when it has
-// a Method or a URL with a path (scheme://authority/path), and about a
-// connection otherwise.
+// AskRequest describes held traffic, or what a member asked for through
+// the member API. Held traffic asks about one request when it has a Method
+// or a URL with a path (scheme://authority/path), and about a connection
+// otherwise.
 type AskRequest struct {
+	// Kind is what is asked for; "" means AskNetwork.
+	Kind   AskKind
 	Source string
-	Host   string // normalised name or IP
+	Host   string // normalised name or IP (AskNetwork)
+	// Port is the destination's port (AskNetwork), or the member's port
+	// to expose (AskPort).
 	Port   uint16
 	Method string // when the request is known (intercepted HTTP)
 	URL    string // full URL when known, else host:port
 	// Headers of an intercepted request, credentials already masked.
 	Headers map[string][]string
+	// Requested says a member asked through the member API (Broker.Request)
+	// rather than traffic being held.
+	Requested bool
+	// MemberID names the member to a grant: a Docker container's ID, ""
+	// for a member that has none.
+	MemberID string
+	// Reason is the member's own words, through CleanReason.
+	Reason string
+	// MemoryMB, CPUs and Pids are the limits a resources request asks
+	// for; 0 leaves one as it is.
+	MemoryMB int
+	CPUs     float64
+	Pids     int
 }
 
 // Pending is an approval waiting for a person.
 type Pending struct {
 	ID     string
-	Source string // the member that asked
+	Kind   AskKind // AskNetwork, AskPort or AskResources
+	Source string  // the member that asked
 	// Sources is Source alone (none when Source is ""): an approval is
 	// never shared between members. It stays for the API's sake.
 	Sources     []string
@@ -95,11 +120,23 @@ type Pending struct {
 	Suggestions []Suggestion
 	Headers     map[string][]string // of the first request, credentials masked
 	Waiting     int                 // held connections or requests sharing this approval
+	// Requested, MemberID, Reason, MemoryMB, CPUs and Pids are the
+	// AskRequest's, for a member's request.
+	Requested bool
+	MemberID  string
+	Reason    string
+	MemoryMB  int
+	CPUs      float64
+	Pids      int
 }
 
 // Outcome is what a held request learns.
 type Outcome struct {
 	Allowed bool
+	// Action is how it was decided: deny, allow_once, allow_pattern,
+	// allow, timeout, failed (allowed, but the grant could not be carried
+	// out), or "" (refused without asking, or the asker went away).
+	Action string
 	// Rule is the rule that an allow_pattern or persisted deny added.
 	Rule   *Rule
 	Reason string // "approved once", "denied by a person", "no decision within 30s", …
@@ -109,7 +146,7 @@ type Outcome struct {
 type BrokerEvent struct {
 	Kind    string // "opened" or "decided"
 	Pending Pending
-	Action  string // for "decided": deny, allow_once, allow_pattern or timeout
+	Action  string // for "decided": deny, allow_once, allow_pattern, allow, failed or timeout
 	Rule    *Rule
 }
 
@@ -133,6 +170,14 @@ type BrokerConfig struct {
 	// Logger gets those refusals, once per 10 s per member; nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// Grant carries out an allowed port or resources request and says
+	// what it did ("exposed at 127.0.0.1:40123"); nil means such requests
+	// cannot be allowed. It is called once per approval, without the
+	// broker's lock, before the member learns the answer.
+	Grant func(Pending) (string, error)
+	// Host is what "host" stands for in the sandbox's resource bounds;
+	// zero values refuse requests bounded by them.
+	Host HostResources
 }
 
 // Broker holds traffic no rule decides until a person does. Connections of
@@ -169,17 +214,28 @@ type waiter struct {
 
 // askKey says which asks share an approval.
 type askKey struct {
-	source string
-	host   string
-	port   uint16
+	kind      AskKind
+	requested bool
+	source    string
+	host      string
+	port      uint16
 	// method and url are set for a request and empty for a connection.
 	method, url string
+	// memoryMB, cpus and pids are a resources request's.
+	memoryMB, pids int
+	cpus           float64
 }
 
 // queryOf is the policy question behind an ask: about the request, with
 // the path of its URL, when it asks about one.
 func queryOf(req AskRequest) Query {
 	q := Query{Source: req.Source, Host: req.Host, Port: req.Port}
+	if req.Requested {
+		// A member's request for a URL asks about a GET of it.
+		path, _ := urlPath(req.URL)
+		q.Method, q.Path = "GET", path
+		return q
+	}
 	if path, ok := urlPath(req.URL); ok || req.Method != "" {
 		q.Method, q.Path = req.Method, path
 	}
@@ -187,7 +243,8 @@ func queryOf(req AskRequest) Query {
 }
 
 func keyOf(req AskRequest) askKey {
-	k := askKey{source: req.Source, host: req.Host, port: req.Port}
+	k := askKey{kind: req.Kind, requested: req.Requested, source: req.Source, host: req.Host, port: req.Port,
+		memoryMB: req.MemoryMB, cpus: req.CPUs, pids: req.Pids}
 	if req.isRequest() {
 		k.method, k.url = req.Method, req.URL
 	}
@@ -235,6 +292,7 @@ var ErrNoPending = errors.New("no such pending approval")
 // Ask holds the caller until a person decides, the approval times out
 // (denied), or ctx ends (denied, without deciding for others waiting).
 func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
+	req.Kind, req.Requested = AskNetwork, false
 	w := &waiter{done: make(chan struct{})}
 	if why := b.join(req, w); why != "" {
 		log := b.cfg.Logger
@@ -287,15 +345,20 @@ func (b *Broker) join(req AskRequest, w *waiter) string {
 			return ""
 		}
 	}
-	sugg, _ := Suggest(req.Host)
+	var sugg []Suggestion
 	url := req.URL
-	if url == "" {
-		url = req.Host + ":" + strconv.Itoa(int(req.Port))
+	if req.Kind == AskNetwork {
+		sugg, _ = Suggest(req.Host)
+		if url == "" {
+			url = req.Host + ":" + strconv.Itoa(int(req.Port))
+		}
 	}
 	ps := &pendingState{
 		Pending: Pending{
-			Source: req.Source, Host: req.Host, Port: req.Port, Method: req.Method, URL: url,
+			Kind: req.Kind, Source: req.Source, Host: req.Host, Port: req.Port, Method: req.Method, URL: url,
 			Suggestions: sugg, Headers: req.Headers,
+			Requested: req.Requested, MemberID: req.MemberID, Reason: req.Reason,
+			MemoryMB: req.MemoryMB, CPUs: req.CPUs, Pids: req.Pids,
 		},
 		key:   key,
 		query: queryOf(req),
@@ -374,14 +437,19 @@ func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rul
 	ps.waiters = nil
 	snapshot := ps.Pending
 	b.mu.Unlock()
-	// The decision is announced before the waiters go on, so the monitor
-	// and the audit log show it ahead of the traffic it let through.
-	b.emit(BrokerEvent{Kind: "decided", Pending: snapshot, Action: action, Rule: rule})
+	b.answer(snapshot, waiters, out, action, rule)
+	return true
+}
+
+// answer announces a decision, then tells the waiters: the monitor and
+// the audit log show it ahead of the traffic it let through.
+func (b *Broker) answer(decided Pending, waiters []*waiter, out Outcome, action string, rule *Rule) {
+	out.Action = action
+	b.emit(BrokerEvent{Kind: "decided", Pending: decided, Action: action, Rule: rule})
 	for _, w := range waiters {
 		w.out = out
 		close(w.done)
 	}
-	return true
 }
 
 // allowOnce lets exactly one held connection or request through: the one
@@ -407,9 +475,7 @@ func (b *Broker) allowOnce(ps *pendingState) bool {
 		reopened = &p
 	}
 	b.mu.Unlock()
-	b.emit(BrokerEvent{Kind: "decided", Pending: decided, Action: "allow_once"})
-	first.out = Outcome{Allowed: true, Reason: "approved once"}
-	close(first.done)
+	b.answer(decided, []*waiter{first}, Outcome{Allowed: true, Reason: "approved once"}, "allow_once", nil)
 	if reopened != nil {
 		b.emit(BrokerEvent{Kind: "opened", Pending: *reopened})
 	}
@@ -455,7 +521,12 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 	if !ok {
 		return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
 	}
+	if err := checkChoice(ps.Pending, c); err != nil {
+		return nil, fmt.Errorf("decide %s: %w", id, err)
+	}
 	switch c.Action {
+	case ResolveAllow:
+		return nil, b.grant(ps)
 	case ResolveDeny:
 		var rule *Rule
 		if c.Persist {
@@ -502,6 +573,54 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 	return nil, fmt.Errorf("decide %s: unknown action %v", id, c.Action)
 }
 
+// checkChoice refuses an action that does not apply to the approval's
+// kind, and a pattern for a kind that has no host.
+func checkChoice(p Pending, c Choice) error {
+	acts := p.Actions()
+	if !slices.Contains(acts, c.Action) {
+		names := make([]string, len(acts))
+		for i, a := range acts {
+			names[i] = a.String()
+		}
+		what := "a " + string(p.Kind) + " request"
+		if p.Kind == AskNetwork && !p.Requested {
+			what = "held traffic"
+		} else if p.Kind == AskNetwork {
+			what = "a member's network request (it holds no traffic to let through once)"
+		}
+		return fmt.Errorf("%w: %s takes %s, not %s", ErrWrongAction, what, strings.Join(names, " or "), c.Action)
+	}
+	if p.Kind != AskNetwork && (c.Pattern != "" || c.Persist || c.Force) {
+		return fmt.Errorf("%w: pattern, persist and force apply to network approvals only", ErrWrongAction)
+	}
+	return nil
+}
+
+// grant carries out an allowed port or resources request, then answers
+// the member: allowed with what was done, or failed with why.
+func (b *Broker) grant(ps *pendingState) error {
+	b.mu.Lock()
+	if !b.takeLocked(ps) {
+		b.mu.Unlock()
+		return fmt.Errorf("decide %s: %w", ps.ID, ErrNoPending)
+	}
+	waiters := ps.waiters
+	ps.waiters = nil
+	decided := ps.Pending
+	b.mu.Unlock()
+	var detail string
+	err := errors.New("this airlockd cannot carry out " + string(decided.Kind) + " requests")
+	if b.cfg.Grant != nil {
+		detail, err = b.cfg.Grant(decided)
+	}
+	if err != nil {
+		b.answer(decided, waiters, Outcome{Reason: ErrGrantFailed.Error() + ": " + err.Error()}, "failed", nil)
+		return fmt.Errorf("%w: %w", ErrGrantFailed, err)
+	}
+	b.answer(decided, waiters, Outcome{Allowed: true, Reason: detail}, "allow", nil)
+	return nil
+}
+
 // ReleaseAllowed lets through every pending approval the sandbox's rules
 // now allow. Each is decided again with its own question: its member, host
 // and port, and for a request its method and path. So a path rule releases
@@ -512,6 +631,9 @@ func (b *Broker) ReleaseAllowed() {
 	var allowed []*pendingState
 	var rules []*Rule
 	for _, ps := range b.pending {
+		if ps.Kind != AskNetwork {
+			continue
+		}
 		d := b.cfg.Sandbox.Decide(ps.query)
 		if d.Verdict == Allow && d.Rule != nil {
 			allowed = append(allowed, ps)

@@ -747,6 +747,65 @@ func (d *decoder) resources(path string, n *yaml.Node, r *Resources) error {
 			r.RunTimeout = time.Duration(secs) * time.Second
 			return err
 		},
+		"bounds": func(p string, v *yaml.Node) error {
+			return d.bounds(p, v, &r.Bounds)
+		},
+	})
+}
+
+// bounds reads resources.bounds: for cpus, memory_mb and pids a mapping
+// {min, max} of numbers, or "host" for the host's CPUs or memory. What it
+// leaves out keeps its default.
+func (d *decoder) bounds(path string, n *yaml.Node, b *ResourceBounds) error {
+	rng := func(r *Range, lo, hi float64, whole, host bool) func(string, *yaml.Node) error {
+		return func(p string, v *yaml.Node) error {
+			var minNode *yaml.Node
+			bound := func(dst *Bound) func(string, *yaml.Node) error {
+				return func(p string, v *yaml.Node) error {
+					if v.Kind == yaml.ScalarNode && v.Tag == "!!str" && v.Value == "host" && host {
+						*dst = Bound{Host: true}
+						return nil
+					}
+					num := func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+					want := "a number from " + num(lo) + " to " + num(hi)
+					if whole {
+						want = "a whole " + want[2:]
+					}
+					if host {
+						want += ", or host"
+					}
+					var f float64
+					if v.Kind != yaml.ScalarNode || (v.Tag != "!!int" && (whole || v.Tag != "!!float")) || v.Decode(&f) != nil {
+						return d.errorf(v, p, "want %s, got %s", want, describeNode(v))
+					}
+					if math.IsNaN(f) || f < lo || f > hi {
+						return d.errorf(v, p, "%s is out of range; want %s", v.Value, want)
+					}
+					*dst = Bound{Value: f}
+					return nil
+				}
+			}
+			err := d.fields(v, p, map[string]func(string, *yaml.Node) error{
+				"min": func(p string, v *yaml.Node) error { minNode = v; return bound(&r.Min)(p, v) },
+				"max": bound(&r.Max),
+			})
+			if err != nil {
+				return err
+			}
+			if !r.Min.Host && !r.Max.Host && r.Min.Value > r.Max.Value {
+				at := v
+				if minNode != nil {
+					at = minNode
+				}
+				return d.errorf(at, p+".min", "min %s is above max %s", r.Min, r.Max)
+			}
+			return nil
+		}
+	}
+	return d.fields(n, path, map[string]func(string, *yaml.Node) error{
+		"cpus":      rng(&b.CPUs, 0.01, maxCPUs, false, true),
+		"memory_mb": rng(&b.MemoryMB, 4, maxMemoryMB, true, true),
+		"pids":      rng(&b.Pids, 8, 1<<16, true, false),
 	})
 }
 

@@ -72,6 +72,7 @@ func TestLoadSpecApp(t *testing.T) {
 			Agent:      Limits{MemoryMB: 512, CPUs: 1, Pids: DefaultPids},
 			MCP:        Limits{MemoryMB: 256, CPUs: 0.5, Pids: DefaultPids},
 			RunTimeout: 300 * time.Second,
+			Bounds:     DefaultBounds(),
 		},
 	}
 	if diff := cmp.Diff(want, got, specOpts); diff != "" {
@@ -108,6 +109,11 @@ func TestLoadSpecFull(t *testing.T) {
 			Agent:      Limits{MemoryMB: 2048, CPUs: 2, Pids: DefaultPids},
 			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs, Pids: DefaultPids},
 			RunTimeout: time.Hour,
+			Bounds: ResourceBounds{
+				CPUs:     Range{Min: Bound{Value: 1}, Max: Bound{Value: 4}},
+				MemoryMB: Range{Min: Bound{Value: DefaultMinMemoryMB}, Max: Bound{Host: true}},
+				Pids:     Range{Min: Bound{Value: 20}, Max: Bound{Value: 500}},
+			},
 		},
 	}
 	if diff := cmp.Diff(want, got, specOpts); diff != "" {
@@ -175,6 +181,11 @@ func TestParseSpecErrors(t *testing.T) {
 		{name: "mcp server twice", file: "bad-mcp-duplicate.yaml", want: []string{`:4: sandbox.mcp_servers[1].name: server "GitHub" is listed twice (first at line 3)`}},
 		{name: "negative cpus", file: "bad-cpus.yaml", want: []string{":3: sandbox.resources.mcp.cpus: -1 is out of range"}},
 		{name: "zero run timeout", file: "bad-run-timeout.yaml", want: []string{":3: sandbox.resources.run_timeout: 0 is out of range"}},
+		{name: "bounds min above max", file: "bad-bounds-order.yaml", want: []string{":4: sandbox.resources.bounds.memory_mb.min: min 4096 is above max 1024"}},
+		{name: "bounds pids host", file: "bad-bounds-pids-host.yaml", want: []string{`:4: sandbox.resources.bounds.pids.max: want a whole number from 8 to 65536, got the string "host"`}},
+		{name: "bounds value", file: "bad-bounds-value.yaml", want: []string{`:4: sandbox.resources.bounds.cpus.max: want a number from 0.01 to 1024, or host, got the string "lots"`}},
+		{name: "bounds fraction of a MB", file: "bad-bounds-fraction.yaml", want: []string{`:4: sandbox.resources.bounds.memory_mb.min: want a whole number from 4 to 1048576, or host`}},
+		{name: "bounds unknown key", file: "bad-bounds-key.yaml", want: []string{":4: sandbox.resources.bounds.disk_mb: unknown key; want one of cpus, memory_mb, pids"}},
 		{name: "sessions without image", file: "bad-sessions-no-image.yaml", want: []string{":3: sandbox.sessions: missing image"}},
 		{name: "sessions as root", file: "bad-sessions-root.yaml", want: []string{`:4: sandbox.sessions.user: user "0:0": want a numeric UID:GID other than 0`}},
 		{name: "sessions env of airlock", file: "bad-sessions-env.yaml", want: []string{":4: sandbox.sessions.env[1]: AIRLOCK_TOKEN: AIRLOCK_ variables are airlock's own"}},

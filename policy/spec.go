@@ -152,11 +152,15 @@ type Limits struct {
 	Pids     int     // processes and threads; 0 means the default
 }
 
-// Resources are the limits of members airlock starts itself.
+// Resources are the limits of members airlock starts itself, and what
+// members may ask for.
 type Resources struct {
 	Agent      Limits
 	MCP        Limits
 	RunTimeout time.Duration // how long `airlock run` and launched members may run
+	// Bounds are what members may ask for through the member API
+	// (resources.bounds); DefaultBounds when the file names none.
+	Bounds ResourceBounds
 }
 
 // Spec is what a sandbox policy file says, converted and validated: the
@@ -216,6 +220,7 @@ func DefaultSpec() *Spec {
 			Agent:      Limits{MemoryMB: DefaultAgentMemoryMB, CPUs: DefaultAgentCPUs, Pids: DefaultPids},
 			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs, Pids: DefaultPids},
 			RunTimeout: DefaultRunTimeout,
+			Bounds:     DefaultBounds(),
 		},
 	}
 }

@@ -122,6 +122,11 @@ type Config struct {
 	// IsLocal reports an address of this host; such upstreams are refused
 	// like loopback (the host's own services). nil means none.
 	IsLocal func(netip.Addr) bool
+	// MemberAPI serves the connections members make to the gateway's
+	// port 80 (http://airlock.internal/); nil means there is none, and
+	// they are refused like any raw IP. Its requests' contexts end when
+	// the proxy closes.
+	MemberAPI http.Handler
 }
 
 // Record describes one connection, written when it ends.
@@ -167,6 +172,9 @@ type Proxy struct {
 
 	h1     *h1Pool // interception's upstream connections
 	limits *limiter
+
+	api      *http.Server  // the member API's, or nil
+	apiConns chan *apiConn // to api
 }
 
 type tracked struct {
@@ -205,6 +213,9 @@ func New(cfg Config) (*Proxy, error) {
 		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop, pipes: newPipePool(64)}
 	p.h1 = &h1Pool{p: p, idle: map[string][]*h1Upstream{}, transports: map[string]*http.Transport{}}
 	p.limits = newLimiter(cfg.MaxConnsPerMember, cfg.MaxConnsPerSandbox, p.log)
+	if cfg.MemberAPI != nil {
+		p.api, p.apiConns = p.newMemberAPI(cfg.MemberAPI), make(chan *apiConn)
+	}
 	return p, nil
 }
 
@@ -218,6 +229,7 @@ func (p *Proxy) Start() error {
 	p.wg.Add(2)
 	go p.accept()
 	go p.janitor()
+	p.startMemberAPI()
 	p.log.Info("proxy listening", "addr", ln.Addr().String())
 	return nil
 }
@@ -239,7 +251,10 @@ func (p *Proxy) Close() error {
 		for time.Now().Before(deadline) && p.active() > 0 {
 			time.Sleep(20 * time.Millisecond)
 		}
-		p.stop() // ends held approvals
+		p.stop() // ends held approvals and the member API's requests
+		if p.api != nil {
+			p.api.Close()
+		}
 		p.mu.Lock()
 		for c, t := range p.conns {
 			c.Close()
@@ -325,7 +340,17 @@ func (p *Proxy) handle(client *net.TCPConn, member string) {
 		c.rec.Duration = time.Since(c.start)
 		p.finish(c.rec, true)
 	}()
-	t, ok := p.name(c)
+	dst, err := p.cfg.OrigDst(c.client)
+	if err != nil {
+		p.reset(c, "no original destination: "+err.Error())
+		return
+	}
+	c.rec.Dest, c.rec.Port = dst.String(), dst.Port()
+	if p.memberAPIDst(dst) {
+		p.serveMemberAPI(c)
+		return
+	}
+	t, ok := p.name(c, dst)
 	if !ok {
 		return
 	}
@@ -343,13 +368,7 @@ type target struct {
 // SNI or Host its first bytes claim, else its raw IP. It refuses the
 // connection itself (and reports false) when that cannot be read, or when
 // the bytes claim another name than the fake IP's (fronting).
-func (p *Proxy) name(c *conn) (target, bool) {
-	dst, err := p.cfg.OrigDst(c.client)
-	if err != nil {
-		p.reset(c, "no original destination: "+err.Error())
-		return target{}, false
-	}
-	c.rec.Dest, c.rec.Port = dst.String(), dst.Port()
+func (p *Proxy) name(c *conn, dst netip.AddrPort) (target, bool) {
 	t := target{dst: dst, host: dst.Addr().String()}
 	if p.cfg.Names.Contains(dst.Addr()) {
 		c.rec.Fake = true
@@ -387,6 +406,12 @@ func (p *Proxy) name(c *conn) (target, bool) {
 		t.host = n
 	}
 	c.rec.Host = t.host
+	if policy.IsInternalName(t.host) {
+		// Whatever the rules say: the name is airlock's own, served at
+		// the gateway's port 80 only, never dialled upstream.
+		p.deny(c, policy.InternalName+" is airlock's member API, served only at http://"+policy.InternalName+"/ (plain HTTP, port 80)", policy.Decision{})
+		return target{}, false
+	}
 	c.rec.LLM = policy.IsLLMHost(t.host)
 	return t, true
 }

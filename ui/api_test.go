@@ -322,6 +322,70 @@ func TestApprovalsThroughTheAPI(t *testing.T) {
 	}
 }
 
+// Members' requests are in the same approvals list, with their kind, their
+// member, reason and values, and the actions they take; an action of
+// another kind is a 400 that decides nothing.
+func TestApprovalKindsThroughTheAPI(t *testing.T) {
+	h := newAPI(t, "sandbox:\n  approval_timeout: 30\n")
+	port, err := h.sb.broker.Request(policy.AskRequest{Kind: policy.AskPort, Source: "agent", Port: 8080, Reason: "preview \u202eppa"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, p, url, _ := policy.RequestedURL("https://pypi.org/simple/")
+	netReq, err := h.sb.broker.Request(policy.AskRequest{Kind: policy.AskNetwork, Source: "agent", Host: host, Port: p, URL: url, Reason: "pip"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/approvals", "")
+	var list []ApprovalView
+	if err := json.Unmarshal([]byte(body), &list); err != nil || code != 200 || len(list) != 2 {
+		t.Fatalf("%d %s", code, body)
+	}
+	byID := map[string]ApprovalView{list[0].ID: list[0], list[1].ID: list[1]}
+	pv, nv := byID[port.ID()], byID[netReq.ID()]
+	if pv.Kind != "port" || !pv.Requested || pv.Port != 8080 || pv.Source != "agent" || pv.Reason != "preview \u202eppa" || strings.Join(pv.Actions, ",") != "deny,allow" {
+		t.Errorf("port approval = %+v", pv)
+	}
+	if nv.Kind != "network" || !nv.Requested || nv.URL != "https://pypi.org/simple/" || strings.Join(nv.Actions, ",") != "deny,allow_pattern" || len(nv.Suggestions) == 0 {
+		t.Errorf("network approval = %+v", nv)
+	}
+	if !strings.Contains(body, `"suggestions":[]`) {
+		t.Errorf("a port approval's suggestions are not an empty list: %s", body)
+	}
+	for _, tt := range []struct{ id, body, want string }{
+		{port.ID(), `{"action": "allow_once"}`, "takes deny or allow"},
+		{port.ID(), `{"action": "allow_pattern", "pattern": "x.test"}`, "takes deny or allow"},
+		{port.ID(), `{"action": "deny", "persist": true}`, "network approvals only"},
+		{netReq.ID(), `{"action": "allow_once"}`, "holds no traffic"},
+		{netReq.ID(), `{"action": "allow"}`, "takes deny or allow_pattern"},
+		{port.ID(), `{"action": "grant"}`, "unknown action"},
+	} {
+		code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/approvals/"+tt.id, tt.body)
+		if code != 400 || !strings.Contains(body, tt.want) {
+			t.Errorf("%s: %d %s, want 400 saying %q", tt.body, code, body, tt.want)
+		}
+	}
+	if n := len(h.sb.broker.List()); n != 2 {
+		t.Fatalf("refused actions decided something: %d pending", n)
+	}
+	// This broker has nothing to carry a port request out with: the
+	// person gets a 502 that says so, and so does the member.
+	code, body = h.do(t, "POST", "/api/v1/sandboxes/myapp/approvals/"+port.ID(), `{"action": "allow"}`)
+	if code != 502 || !strings.Contains(body, "could not be done") {
+		t.Errorf("allow: %d %s", code, body)
+	}
+	if out, done := port.Outcome(); !done || out.Action != "failed" {
+		t.Errorf("the member's outcome: %+v %v", out, done)
+	}
+	code, body = h.do(t, "POST", "/api/v1/sandboxes/myapp/approvals/"+netReq.ID(), `{"action": "allow_pattern", "pattern": "pypi.org"}`)
+	if code != 200 || !strings.Contains(body, `"pattern":"pypi.org"`) {
+		t.Errorf("allow_pattern: %d %s", code, body)
+	}
+	if out, done := netReq.Outcome(); !done || !out.Allowed {
+		t.Errorf("the member's outcome: %+v %v", out, done)
+	}
+}
+
 func TestEventsStreamWithin100ms(t *testing.T) {
 	h := newAPI(t, "")
 	req, _ := http.NewRequest("GET", h.ts.URL+"/api/v1/sandboxes/myapp/events", nil)

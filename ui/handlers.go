@@ -281,7 +281,14 @@ func (s *Server) listApprovals(c echo.Context) error {
 	for _, p := range sb.Broker().List() {
 		v := ApprovalView{ID: p.ID, Sandbox: sb.Name(), Source: p.Source, Sources: p.Sources, Host: p.Host, Port: p.Port,
 			Method: p.Method, URL: p.URL, Created: p.Created, SecondsLeft: max(0, p.Deadline.Sub(now).Seconds()),
-			Waiting: p.Waiting, Suggestions: p.Suggestions, Headers: p.Headers, LLM: policy.IsLLMHost(p.Host)}
+			Waiting: p.Waiting, Suggestions: p.Suggestions, Headers: p.Headers, LLM: p.Host != "" && policy.IsLLMHost(p.Host),
+			Kind: string(p.Kind), Requested: p.Requested, Reason: p.Reason, MemoryMB: p.MemoryMB, CPUs: p.CPUs, Pids: p.Pids}
+		if v.Suggestions == nil {
+			v.Suggestions = []policy.Suggestion{}
+		}
+		for _, a := range p.Actions() {
+			v.Actions = append(v.Actions, a.String())
+		}
 		if agents != nil {
 			v.Agent = agents.AgentOf(p.Source)
 		}
@@ -297,13 +304,17 @@ func (s *Server) decide(c echo.Context) error {
 	}
 	action, err := policy.ParseResolution(b.Action)
 	if err != nil {
-		return fail(http.StatusBadRequest, err.Error(), `send {"action": "allow_once"}, {"action": "deny"} or {"action": "allow_pattern", "pattern": "…", "persist": true}`)
+		return fail(http.StatusBadRequest, err.Error(), `send {"action": "allow_once"}, {"action": "deny"}, {"action": "allow_pattern", "pattern": "…", "persist": true} or, for a port or resources request, {"action": "allow"}`)
 	}
 	sb := sandboxOf(c)
 	r, err := sb.Broker().Decide(c.Param("id"), policy.Choice{Action: action, Pattern: b.Pattern, Persist: b.Persist, Force: b.Force})
 	switch {
 	case errors.Is(err, policy.ErrNoPending):
 		return fail(http.StatusNotFound, fmt.Sprintf("no pending approval %q", truncate(c.Param("id"), 40)), "it may have been decided or timed out; GET approvals")
+	case errors.Is(err, policy.ErrWrongAction):
+		return fail(http.StatusBadRequest, err.Error(), "GET approvals lists the actions each approval takes")
+	case errors.Is(err, policy.ErrGrantFailed):
+		return fail(http.StatusBadGateway, err.Error(), "the member was told so; it may ask again")
 	case errors.Is(err, policy.ErrBroad):
 		return fail(http.StatusBadRequest, err.Error(), `send "force": true to accept a broad pattern on purpose`)
 	case isHeldEdit(err):

@@ -107,6 +107,19 @@ type ApprovalView struct {
 	Headers     map[string][]string `json:"headers,omitempty"`
 	LLM         bool                `json:"llm"`
 	Agent       string              `json:"agent,omitempty"` // the agent driving Source, when known
+	// Kind is network (held traffic, or a member's request for a URL),
+	// port or resources.
+	Kind string `json:"kind"`
+	// Requested says the member asked through the member API; Reason is
+	// its own words.
+	Requested bool   `json:"requested,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	// MemoryMB, CPUs and Pids are what a resources request asks for.
+	MemoryMB int     `json:"memory_mb,omitempty"`
+	CPUs     float64 `json:"cpus,omitempty"`
+	Pids     int     `json:"pids,omitempty"`
+	// Actions are the actions POST …/approvals/{id} takes for it.
+	Actions []string `json:"actions"`
 }
 
 // DecideBody is the body of POST …/approvals/{id}.

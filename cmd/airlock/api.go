@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -131,7 +132,7 @@ func apiCommands() map[string]apiCommand {
 		}, run: cmdRm},
 		"pending": {name: "pending", usage: "pending [SANDBOX]", max: 1, run: cmdPending},
 		"approve": {name: "approve", usage: "approve ID [--pattern P] [--save] [--force]", min: 1, max: 1, flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&flagPat, "pattern", "", "allow this pattern (default: allow this request once)")
+			fs.StringVar(&flagPat, "pattern", "", "allow this pattern (default: allow this request once; a port or resources request: allow it)")
 			fs.BoolVar(&flagSave, "save", false, "save the pattern to the sandbox's policy file")
 			fs.BoolVar(&flagForce, "force", false, "accept a broad pattern")
 		}, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
@@ -382,10 +383,47 @@ func cmdPending(ctx context.Context, c *ui.Client, cm *common, a []string) error
 		for _, s := range p.Suggestions {
 			sugg = append(sugg, s.Pattern)
 		}
-		rows = append(rows, []string{p.ID, p.Sandbox, p.Source, p.URL, fmt.Sprintf("%.0fs", p.SecondsLeft), strings.Join(sugg, " ")})
+		rows = append(rows, []string{p.ID, p.Sandbox, kindOf(p), p.Source, approvalWhat(p), fmt.Sprintf("%.0fs", p.SecondsLeft), strings.Join(sugg, " "), p.Reason})
 	}
-	table("ID\tSANDBOX\tSOURCE\tURL\tLEFT\tSUGGESTED PATTERNS", rows)
+	table("ID\tSANDBOX\tKIND\tSOURCE\tWHAT\tLEFT\tSUGGESTED PATTERNS\tREASON", rows)
 	return nil
+}
+
+// kindOf is an approval's kind: network, port or resources, and "request"
+// after a member's network request.
+func kindOf(p ui.ApprovalView) string {
+	switch {
+	case p.Kind == "" || p.Kind == "network" && !p.Requested:
+		return "network"
+	case p.Kind == "network":
+		return "network request"
+	}
+	return p.Kind
+}
+
+// approvalWhat is what an approval asks for: traffic's URL, a member's
+// port, or the limits it asks for.
+func approvalWhat(p ui.ApprovalView) string {
+	switch p.Kind {
+	case "port":
+		return fmt.Sprintf("port %d", p.Port)
+	case "resources":
+		var parts []string
+		if p.MemoryMB != 0 {
+			parts = append(parts, fmt.Sprintf("memory_mb %d", p.MemoryMB))
+		}
+		if p.CPUs != 0 {
+			parts = append(parts, fmt.Sprintf("cpus %g", p.CPUs))
+		}
+		if p.Pids != 0 {
+			parts = append(parts, fmt.Sprintf("pids %d", p.Pids))
+		}
+		return strings.Join(parts, ", ")
+	}
+	if p.Method != "" {
+		return p.Method + " " + p.URL
+	}
+	return p.URL
 }
 
 func decideCmd(ctx context.Context, c *ui.Client, cm *common, id string, allow bool) error {
@@ -399,10 +437,25 @@ func decideCmd(ctx context.Context, c *ui.Client, cm *common, id string, allow b
 		}
 		body := ui.DecideBody{Action: "deny", Persist: flagSave}
 		switch {
+		case allow && slices.Contains(p.Actions, "allow"):
+			if flagPat != "" || flagSave || flagForce {
+				return fmt.Errorf("approval %s is a %s request: approve it without --pattern, --save or --force", id, p.Kind)
+			}
+			body = ui.DecideBody{Action: "allow"}
 		case allow && flagPat != "":
 			body = ui.DecideBody{Action: "allow_pattern", Pattern: flagPat, Persist: flagSave, Force: flagForce}
+		case allow && p.Requested:
+			var sugg []string
+			for _, s := range p.Suggestions {
+				sugg = append(sugg, s.Pattern)
+			}
+			return fmt.Errorf("approval %s is a member's request for %s, ahead of its traffic: approve it with --pattern P (suggested: %s)", id, v(p.URL), v(strings.Join(sugg, ", ")))
 		case allow:
 			body = ui.DecideBody{Action: "allow_once"}
+		case p.Kind == "port" || p.Kind == "resources":
+			if flagSave {
+				return fmt.Errorf("approval %s is a %s request: --save applies to network approvals", id, p.Kind)
+			}
 		}
 		var out map[string]any
 		if err := c.Do(ctx, "POST", sbPath(p.Sandbox, "/approvals/"+url.PathEscape(id)), body, &out); err != nil {
@@ -411,7 +464,11 @@ func decideCmd(ctx context.Context, c *ui.Client, cm *common, id string, allow b
 		if cm.json {
 			return printJSON(out)
 		}
-		fmt.Fprintf(stdout, "%s: %s %s\n", body.Action, p.Sandbox, v(p.URL))
+		what := p.URL
+		if p.Kind == "port" || p.Kind == "resources" {
+			what = p.Source + " " + approvalWhat(p)
+		}
+		fmt.Fprintf(stdout, "%s: %s %s\n", body.Action, p.Sandbox, v(what))
 		return nil
 	}
 	return fmt.Errorf("no pending approval %q (airlock pending lists them)", id)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -126,5 +127,84 @@ func TestJSONIsTheAPIs(t *testing.T) {
 				t.Errorf("%v: key %q is not the API's", tc.args, k)
 			}
 		}
+	}
+}
+
+// TestApproveByKind: airlock approve sends the action an approval's kind
+// takes (allow for a port or resources request, allow_once for held
+// traffic, allow_pattern with --pattern), refuses what does not apply, and
+// airlock pending shows the kind, what is asked and the member's reason.
+func TestApproveByKind(t *testing.T) {
+	var mu sync.Mutex
+	var posted []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.Method == "POST":
+			b, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			posted = append(posted, r.URL.Path+" "+strings.TrimSpace(string(b)))
+			mu.Unlock()
+			io.WriteString(w, `{"decided":"x","action":"y"}`)
+		case strings.HasSuffix(r.URL.Path, "/approvals"):
+			io.WriteString(w, `[
+{"id":"held","source":"agent","host":"x.test","port":443,"url":"x.test:443","kind":"network","actions":["deny","allow_once","allow_pattern"],"suggestions":[{"pattern":"x.test"}]},
+{"id":"port","source":"agent","port":8080,"url":"","kind":"port","requested":true,"reason":"preview \u001b[2J","actions":["deny","allow"],"suggestions":[]},
+{"id":"res","source":"agent","url":"","kind":"resources","requested":true,"memory_mb":2048,"cpus":1.5,"reason":"build","actions":["deny","allow"],"suggestions":[]},
+{"id":"net","source":"agent","host":"pypi.org","port":443,"url":"https://pypi.org/","kind":"network","requested":true,"reason":"pip","actions":["deny","allow_pattern"],"suggestions":[{"pattern":"pypi.org"}]}]`)
+		case strings.HasSuffix(r.URL.Path, "/sandboxes"):
+			io.WriteString(w, `[{"name":"default"}]`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("t"), 0o600)
+	cli := func(args ...string) (string, int) {
+		var out bytes.Buffer
+		stdout, stderr = terminalWriter{&out}, terminalWriter{&out}
+		defer func() { stdout, stderr = terminalWriter{os.Stdout}, terminalWriter{os.Stderr} }()
+		code := run(append(args, "--api", srv.URL, "--token-file", token))
+		return out.String(), code
+	}
+	out, code := cli("pending")
+	for _, want := range []string{"KIND", "REASON", "port             agent   port 8080", "memory_mb 2048, cpus 1.5", "network request", `preview \x1b[2J`} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("pending lacks %q (exit %d):\n%s", want, code, out)
+		}
+	}
+	tests := []struct {
+		args []string
+		post string // the body sent, or "" for none
+		err  string // in the output when it fails
+	}{
+		{args: []string{"approve", "held"}, post: `{"action":"allow_once","pattern":"","persist":false,"force":false}`},
+		{args: []string{"approve", "port"}, post: `{"action":"allow","pattern":"","persist":false,"force":false}`},
+		{args: []string{"approve", "res"}, post: `{"action":"allow","pattern":"","persist":false,"force":false}`},
+		{args: []string{"approve", "port", "--pattern", "x.test"}, err: "without --pattern"},
+		{args: []string{"reject", "port", "--save"}, err: "--save applies to network approvals"},
+		{args: []string{"reject", "port"}, post: `{"action":"deny","pattern":"","persist":false,"force":false}`},
+		{args: []string{"approve", "net"}, err: "approve it with --pattern P (suggested: pypi.org)"},
+		{args: []string{"approve", "net", "--pattern", "pypi.org"}, post: `{"action":"allow_pattern","pattern":"pypi.org","persist":false,"force":false}`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			mu.Lock()
+			posted = nil
+			mu.Unlock()
+			out, code := cli(tt.args...)
+			mu.Lock()
+			defer mu.Unlock()
+			if tt.err != "" {
+				if code == 0 || !strings.Contains(out, tt.err) || len(posted) != 0 {
+					t.Errorf("exit %d, posted %v: %s; want a refusal saying %q", code, posted, out, tt.err)
+				}
+				return
+			}
+			if code != 0 || len(posted) != 1 || !strings.HasSuffix(posted[0], " "+tt.post) || !strings.Contains(posted[0], "/approvals/"+tt.args[1]) {
+				t.Errorf("exit %d, posted %v: %s; want %s", code, posted, out, tt.post)
+			}
+		})
 	}
 }

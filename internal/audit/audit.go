@@ -69,9 +69,14 @@ type Entry struct {
 	ConnID     uint64              `json:"conn_id,omitempty"`
 
 	ApprovalID string `json:"approval_id,omitempty"`
-	Action     string `json:"action,omitempty"` // opened, deny, allow_once, allow_pattern, timeout; added, replaced, removed; changed
-	RuleID     string `json:"rule_id,omitempty"`
-	List       string `json:"list,omitempty"`
+	Action     string `json:"action,omitempty"` // opened, deny, allow_once, allow_pattern, allow, failed, timeout; added, replaced, removed; changed
+	// ApprovalKind is an approval's kind: network, port or resources.
+	ApprovalKind string `json:"approval_kind,omitempty"`
+	// Request is what a member asked for through the member API ("port
+	// 8080", "resources memory_mb 2048"); its reason is in Reason.
+	Request string `json:"request,omitempty"`
+	RuleID  string `json:"rule_id,omitempty"`
+	List    string `json:"list,omitempty"`
 }
 
 // Config configures a Journal.

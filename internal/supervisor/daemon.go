@@ -24,6 +24,7 @@ import (
 	"github.com/airlockhq/airlock/internal/config"
 	"github.com/airlockhq/airlock/internal/metrics"
 	"github.com/airlockhq/airlock/internal/session"
+	"github.com/airlockhq/airlock/memberapi"
 	"github.com/airlockhq/airlock/netns"
 	"github.com/airlockhq/airlock/policy"
 	"github.com/airlockhq/airlock/tproxy"
@@ -54,6 +55,12 @@ type Daemon struct {
 
 	docker     *netns.Docker // nil without a Docker Engine
 	dockerRuns dockerMembers
+
+	// expose carries out allowed port requests; nil means ports cannot be
+	// exposed (requests.go).
+	expose Exposer
+	// host is what "host" stands for in resource bounds.
+	host policy.HostResources
 
 	// mu serialises sandbox changes and guards sandboxes.
 	mu        sync.Mutex
@@ -114,7 +121,7 @@ func Start(ctx context.Context, cfg *config.Config, log *slog.Logger, opt Option
 	if opt.Notify == nil {
 		opt.Notify = func(string) {}
 	}
-	d := &Daemon{ctx: ctx, cfg: cfg, log: log, cfgPath: opt.ConfigPath, cfgExplicit: opt.Explicit, notify: opt.Notify}
+	d := &Daemon{ctx: ctx, cfg: cfg, log: log, cfgPath: opt.ConfigPath, cfgExplicit: opt.Explicit, notify: opt.Notify, host: hostResources()}
 	if err := d.init(); err != nil {
 		d.Close()
 		return nil, err
@@ -296,7 +303,8 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	if err = d.openSandbox(s); err != nil {
 		return nil, err
 	}
-	members := attribution{d: d, sandbox: sb.Name, gateway: s.net.Gateway, leases: d.cfg.LeaseDir(sb.Name), dockers: s.net.DockerRange()}.member
+	attr := attribution{d: d, sandbox: sb.Name, gateway: s.net.Gateway, leases: d.cfg.LeaseDir(sb.Name), dockers: s.net.DockerRange()}
+	members := attr.member
 	guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{
 		MaxLabelLen:   d.cfg.Exfil.MaxLabelLen,
 		MaxSubdomains: d.cfg.Exfil.MaxSubdomainsPerMinute,
@@ -309,7 +317,7 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	if err != nil {
 		return nil, err
 	}
-	if err = d.startProxy(s, pool, guard, members); err != nil {
+	if err = d.startProxy(s, pool, guard, attr); err != nil {
 		return nil, err
 	}
 	d.registerGauges(s)
@@ -400,16 +408,20 @@ func (d *Daemon) startGate(s *sandbox, guard *dnsgate.Guard, members func(netip.
 
 // startProxy starts a sandbox's approvals broker, CA and proxy, within
 // the limits.
-func (d *Daemon) startProxy(s *sandbox, pool *dnsgate.Pool, guard *dnsgate.Guard, members func(netip.Addr) string) error {
+func (d *Daemon) startProxy(s *sandbox, pool *dnsgate.Pool, guard *dnsgate.Guard, attr attribution) error {
 	sb, cfg, log := s.cfg, d.cfg, d.log
 	limits := d.limits()
 	var err error
 	s.broker, err = policy.NewBroker(policy.BrokerConfig{Sandbox: s.policy, Logger: log,
 		MaxHeldPerMember: limits.MemberHeld, MaxHeldPerSandbox: limits.SandboxHeld, OnEvent: func(e policy.BrokerEvent) {
-			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
-				"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting)
+			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "kind", e.Pending.Kind, "source", e.Pending.Source,
+				"host", e.Pending.Host, "port", e.Pending.Port, "request", requestText(e.Pending), "action", e.Action, "waiting", e.Pending.Waiting)
 			d.record(s, approvalEntry(e))
-		}})
+		}, Grant: d.grant(s), Host: d.host})
+	if err != nil {
+		return err
+	}
+	api, err := memberapi.New(memberapi.Config{Sandbox: sb.Name, Gateway: s.net.Gateway, Requests: s.broker, Members: attr.identify, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -425,7 +437,8 @@ func (d *Daemon) startProxy(s *sandbox, pool *dnsgate.Pool, guard *dnsgate.Guard
 		Names:              pool,
 		IsLocal:            d.local.Contains,
 		Resolve:            dnsgate.NewResolver(d.upstream, guard, nil).LookupA,
-		Members:            members,
+		Members:            attr.member,
+		MemberAPI:          api,
 		OnRecord:           func(r tproxy.Record) { d.record(s, connEntry(r)) },
 		OnRequest:          func(r tproxy.RequestRecord) { d.record(s, requestEntry(r)) },
 		CA:                 s.ca,

@@ -38,10 +38,24 @@ func approvalEntry(e policy.BrokerEvent) audit.Entry {
 	if e.Kind == "decided" {
 		action = e.Action
 	}
-	en := audit.Entry{Kind: audit.KindApproval, Source: e.Pending.Source, Host: e.Pending.Host, Port: e.Pending.Port,
-		Method: e.Pending.Method, URL: e.Pending.URL, ApprovalID: e.Pending.ID, Action: action}
+	p := e.Pending
+	en := audit.Entry{Kind: audit.KindApproval, Source: p.Source, Host: p.Host, Port: p.Port,
+		Method: p.Method, URL: p.URL, ApprovalID: p.ID, Action: action,
+		ApprovalKind: string(p.Kind), Request: requestText(p), Reason: p.Reason}
 	if e.Rule != nil {
 		en.Rule = e.Rule.Pattern.String()
 	}
 	return en
+}
+
+// requestText is what a member asked for through the member API, in a few
+// words; "" for held traffic, which its host and URL say.
+func requestText(p policy.Pending) string {
+	switch {
+	case !p.Requested:
+		return ""
+	case p.Kind == policy.AskPort:
+		return p.Summary()
+	}
+	return string(p.Kind) + " " + p.Summary()
 }

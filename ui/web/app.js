@@ -25,7 +25,7 @@ async function api(method, path, body) {
   const res = await fetch("/api/v1" + path, opts);
   if (res.status === 401) { showLogin(); throw new Error("signed out"); }
   const data = await res.json().catch(() => ({}));
-  if (!res.ok) throw new Error((data.error || res.statusText) + (data.hint ? " (" + data.hint + ")" : ""));
+  if (!res.ok) { const err = new Error((data.error || res.statusText) + (data.hint ? " (" + data.hint + ")" : "")); err.status = res.status; throw err; }
   return data;
 }
 const sb = (rest) => "/sandboxes/" + encodeURIComponent(state.sandbox) + rest;
@@ -280,7 +280,7 @@ async function refreshApprovals() {
   state.queue = list;
   for (const p of list) {
     if (![...$("rows").children].some((r) => r.dataset.approval === p.id)) {
-      const tr = rowFor({ time: p.created, source: p.source, method: p.method, url: p.url, pending: true, verdict: "" });
+      const tr = rowFor({ time: p.created, source: p.source, method: p.method, url: approvalWhat(p), pending: true, verdict: "" });
       tr.dataset.approval = p.id; tr.dataset.host = p.host; tr.hidden = !visible(tr);
       $("rows").append(tr);
     }
@@ -288,6 +288,21 @@ async function refreshApprovals() {
   renderCounters();
   if (state.current && !ids.has(state.current.id)) closeAsk();
   if (!state.current && list.length) openAsk(list[0]);
+}
+
+// approvalWhat says what an approval asks for, in the monitor's URL column:
+// the URL of traffic, or what a member asked for through the member API.
+function approvalWhat(p) {
+  if (p.kind === "port") return "port " + p.port + " (preview from the host)";
+  if (p.kind === "resources") return resourcesText(p);
+  return p.url;
+}
+function resourcesText(p) {
+  const parts = [];
+  if (p.memory_mb) parts.push("memory " + p.memory_mb + " MB");
+  if (p.cpus) parts.push(p.cpus + " CPUs");
+  if (p.pids) parts.push(p.pids + " processes");
+  return parts.join(", ");
 }
 
 function onApproval(e) {
@@ -298,14 +313,16 @@ function onApproval(e) {
 
 // markDecided turns a pending row into what the person (or the clock)
 // decided.
-function markDecided(id, action) {
+function markDecided(id, action, why) {
   const r = [...$("rows").children].find((x) => x.dataset.approval === id);
   if (!r) return;
-  const allowed = action === "allow_once" || action === "allow_pattern";
+  if (why) r.title = visibleText(why);
+  if (r.dataset.verdict !== "pending") return; // decided already (the event, then the answer)
+  const allowed = action === "allow_once" || action === "allow_pattern" || action === "allow";
   const td = r.querySelector("td:nth-child(5)");
   r.dataset.verdict = allowed ? "allow" : "deny";
-  td.className = allowed ? "status-allow" : "status-deny";
-  td.textContent = allowed ? "allowed (" + action.replace("_", " ") + ")" : action === "timeout" ? "denied (no decision)" : "denied";
+  td.className = allowed ? "status-allow" : action === "failed" ? "status-error" : "status-deny";
+  td.textContent = action === "allow" ? "allowed" : allowed ? "allowed (" + action.replace("_", " ") + ")" : action === "timeout" ? "denied (no decision)" : action === "failed" ? "allowed, but failed" : "denied";
   if (!allowed) { state.counts.deny++; renderCounters(); }
 }
 
@@ -325,12 +342,21 @@ function alertPerson(e) {
 function openAsk(p) {
   if (!$("ask").open) state.returnFocus = document.activeElement;
   state.current = p;
-  $("ask-host").textContent = visibleText(p.host) + (p.port && p.port !== 80 && p.port !== 443 ? ":" + p.port : "");
+  // What is decided stays in the fixed place at the top: the host, the
+  // member's port, or the limits asked for.
+  const kind = p.kind || "network", actions = p.actions || ["deny", "allow_once", "allow_pattern"];
+  $("ask-title").textContent = kind === "port" ? "Open a port for a preview?" : kind === "resources" ? "Change this member's limits?" : p.requested ? "Allow this destination?" : "Allow this connection?";
+  $("ask-host-label").textContent = kind === "port" ? "Port" : kind === "resources" ? "Limits" : "Host";
+  $("ask-host").textContent = kind === "port" ? String(p.port) : kind === "resources" ? resourcesText(p) : visibleText(p.host) + (p.port && p.port !== 80 && p.port !== 443 ? ":" + p.port : "");
   $("ask-source").textContent = visibleText(p.source || "a member") + (p.agent ? " (driven by " + visibleText(p.agent) + ")" : "");
-  $("ask-url").textContent = visibleText((p.method ? p.method + " " : "") + p.url);
+  $("ask-wants").textContent = kind === "port" ? "asks to be reached from this host on" : kind === "resources" ? "asks for" : p.requested ? "asks in advance for" : "wants";
+  $("ask-url").textContent = kind === "network" ? visibleText((p.method ? p.method + " " : "") + p.url) : kind === "port" ? "port " + p.port + " (airlockd listens on 127.0.0.1 and forwards to it)" : resourcesText(p);
+  $("ask-reason").textContent = visibleText(p.reason || ""); $("ask-reason-box").hidden = !p.reason;
+  $("ask-patterns").hidden = !actions.includes("allow_pattern"); $("ask-save-box").hidden = kind !== "network";
+  $("b-once").hidden = !actions.includes("allow_once"); $("b-pattern").hidden = !actions.includes("allow_pattern"); $("b-allow").hidden = !actions.includes("allow");
   const others = (p.sources || []).filter((s) => s !== p.source);
   $("ask-via").textContent = others.length ? "Also waiting for it: " + others.map(visibleText).join(", ") : ""; $("ask-via").hidden = !others.length;
-  $("ask-queue").textContent = (p.waiting > 1 ? p.waiting + " connections wait for this. " : "") + (state.queue.length > 1 ? (state.queue.length - 1) + " more after this." : "");
+  $("ask-queue").textContent = (p.waiting > 1 && !p.requested ? p.waiting + " connections wait for this. " : "") + (state.queue.length > 1 ? (state.queue.length - 1) + " more after this." : "");
   const hdr = p.headers ? Object.entries(p.headers).map(([k, v]) => visibleText(k) + ": " + v.map(visibleText).join(", ")).join("\n") : "";
   $("ask-headers").textContent = hdr; $("ask-headers-box").hidden = !hdr;
   $("choices").replaceChildren(...p.suggestions.map((s, i) => el("label", {}, el("input", { type: "radio", name: "pattern", value: s.pattern, ...(i === 0 ? { checked: "" } : {}) }), " ", el("code", {}, s.pattern), " ", el("span", { class: "muted" }, s.label))));
@@ -398,23 +424,34 @@ async function decide(action) {
   if (!p) return;
   const body = { action };
   if (action === "allow_pattern") { body.pattern = chosenPattern(); body.persist = $("ask-save").checked; if (!$("broad").hidden) body.force = confirm("This pattern is very broad. Allow it anyway?"); }
-  if (action === "deny") body.persist = $("ask-save").checked && confirm("Also deny " + p.host + " from now on (save a deny rule)?");
-  try { await api("POST", sb("/approvals/" + encodeURIComponent(p.id)), body); } catch (e) { $("ask-error").textContent = e.message; return; }
+  if (action === "deny" && (p.kind || "network") === "network") body.persist = $("ask-save").checked && confirm("Also deny " + visibleText(p.host) + " from now on (save a deny rule)?");
+  try { await api("POST", sb("/approvals/" + encodeURIComponent(p.id)), body); } catch (e) {
+    // 502: allowed, but what was allowed could not be done; the approval
+    // is decided, and its row says why.
+    if (e.status === 502) { closeAsk(); markDecided(p.id, "failed", e.message); refreshApprovals(); return; }
+    $("ask-error").textContent = e.message; return;
+  }
   closeAsk(); refreshApprovals();
 }
 $("b-deny").addEventListener("click", () => decide("deny"));
 $("b-once").addEventListener("click", () => decide("allow_once"));
 $("b-pattern").addEventListener("click", () => decide("allow_pattern"));
+$("b-allow").addEventListener("click", () => decide("allow"));
 $("ask").addEventListener("keydown", (ev) => {
   if (ev.target.tagName === "INPUT" && ev.target.type !== "radio" && ev.target.type !== "checkbox" || ev.target.tagName === "TEXTAREA") return;
   const k = ev.key.toLowerCase();
-  if (k === "a") { ev.preventDefault(); decide("allow_once"); } else if (k === "p") { ev.preventDefault(); decide("allow_pattern"); } else if (k === "d") { ev.preventDefault(); decide("deny"); }
+  const acts = (state.current && state.current.actions) || [];
+  if (k === "a" && (acts.includes("allow") || acts.includes("allow_once"))) { ev.preventDefault(); decide(acts.includes("allow") ? "allow" : "allow_once"); } else if (k === "p" && acts.includes("allow_pattern")) { ev.preventDefault(); decide("allow_pattern"); } else if (k === "d") { ev.preventDefault(); decide("deny"); }
 });
 // Escape does not silently dismiss a held request: it says what to do.
 // The keydown is cancelled so no close request starts; should the browser
 // close the dialog anyway (a cancel event it does not let the page
 // cancel), the dialog opens again while the request is held.
-const escapeHint = () => { $("ask-error").textContent = "The request waits for your decision: Deny (D), Allow once (A) or Allow pattern (P)."; };
+const escapeHint = () => {
+  const acts = (state.current && state.current.actions) || [];
+  const keys = [["deny", "Deny (D)"], ["allow_once", "Allow once (A)"], ["allow", "Allow (A)"], ["allow_pattern", "Allow pattern (P)"]].filter(([a]) => acts.includes(a)).map(([, t]) => t);
+  $("ask-error").textContent = "The request waits for your decision: " + keys.join(", ").replace(/, ([^,]*)$/, " or $1") + ".";
+};
 $("ask").addEventListener("keydown", (ev) => { if (ev.key === "Escape") { ev.preventDefault(); escapeHint(); } }, true);
 $("ask").addEventListener("cancel", (ev) => { ev.preventDefault(); escapeHint(); });
 $("ask").addEventListener("input", () => { if ($("ask-error").textContent.startsWith("The request waits")) $("ask-error").textContent = ""; });

@@ -10,6 +10,8 @@
 //	serve ADDR [URL]   serves "sidecar" over HTTP on ADDR; with URL, GETs it
 //	                   every second as well
 //	loop URL           GETs URL every second, forever
+//	post URL JSON      POSTs JSON to URL (the member API); prints "status N
+//	                   body", waiting up to $PROBE_TIMEOUT seconds (default 20)
 package main
 
 import (
@@ -30,7 +32,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Println("usage: probe get|resolve|status|sleep|serve|loop ...")
+		fmt.Println("usage: probe get|resolve|status|sleep|serve|loop|post ...")
 		os.Exit(2)
 	}
 	arg := func(i int) string {
@@ -68,6 +70,11 @@ func main() {
 		}))
 	case "loop":
 		loop(arg(2))
+	case "post":
+		if err := post(arg(2), arg(3)); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
 	}
 }
 
@@ -83,6 +90,22 @@ func get(url string) error {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+	fmt.Printf("status %d %s\n", resp.StatusCode, strings.TrimSpace(string(b)))
+	return nil
+}
+
+func post(url, body string) error {
+	timeout := 20 * time.Second
+	if s, err := strconv.Atoi(os.Getenv("PROBE_TIMEOUT")); err == nil {
+		timeout = time.Duration(s) * time.Second
+	}
+	c := &http.Client{Timeout: timeout}
+	resp, err := c.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1000))
 	fmt.Printf("status %d %s\n", resp.StatusCode, strings.TrimSpace(string(b)))
 	return nil
 }
