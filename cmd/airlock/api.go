@@ -476,6 +476,9 @@ func decideCmd(ctx context.Context, c *ui.Client, cm *common, id string, allow b
 
 func logLine(e audit.Entry) string {
 	what := e.URL
+	if what == "" && e.Request != "" {
+		what = e.Request // what a member asked for through the member API
+	}
 	if what == "" {
 		what = e.Host
 		if e.Port != 0 {
