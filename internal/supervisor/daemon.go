@@ -414,8 +414,9 @@ func (d *Daemon) startProxy(s *sandbox, pool *dnsgate.Pool, guard *dnsgate.Guard
 	var err error
 	s.broker, err = policy.NewBroker(policy.BrokerConfig{Sandbox: s.policy, Logger: log,
 		MaxHeldPerMember: limits.MemberHeld, MaxHeldPerSandbox: limits.SandboxHeld, OnEvent: func(e policy.BrokerEvent) {
-			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "kind", e.Pending.Kind, "source", e.Pending.Source,
-				"host", e.Pending.Host, "port", e.Pending.Port, "request", requestText(e.Pending), "action", e.Action, "waiting", e.Pending.Waiting)
+			log.Info("approval "+e.Kind, "sandbox", sb.Name, "id", e.Pending.ID, "source", e.Pending.Source,
+				"host", e.Pending.Host, "port", e.Pending.Port, "action", e.Action, "waiting", e.Pending.Waiting,
+				"kind", e.Pending.Kind, "request", requestText(e.Pending))
 			d.record(s, approvalEntry(e))
 		}, Grant: d.grant(s), Host: d.host})
 	if err != nil {
