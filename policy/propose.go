@@ -77,7 +77,8 @@ func Propose(hits []Hit, decide func(Query) Decision) []Proposed {
 	var keys []string
 	for _, h := range hits {
 		host, err := NormalizeHost(h.Host)
-		if err != nil || h.Port == 0 {
+		if err != nil || h.Port == 0 || IsInternalName(host) {
+			// airlock.internal is airlock's own: the member API needs no rule.
 			continue
 		}
 		ip := isIPLiteral(host)

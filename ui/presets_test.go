@@ -155,7 +155,9 @@ func TestProposalThroughTheAPI(t *testing.T) {
 		{Kind: audit.KindRequest, Source: "agent", Method: "GET", URL: "https://pypi.org/simple/x/", Host: "pypi.org", Verdict: "allow", Reason: policy.ReasonAllowRule.String()},
 		// Held, and denied for want of a rule: proposed too.
 		{Kind: audit.KindApproval, Source: "mcp:x", Host: "held.test", Port: 443, URL: "held.test:443", Action: "opened"},
-		// A member's port and resources requests reach no host: nothing to propose.
+		// The member API is airlock's own, and a member's port and resources
+		// requests reach no host: nothing to propose.
+		{Kind: audit.KindConnection, Source: "agent", Host: "airlock.internal", Port: 80, Verdict: "allow", Reason: "the member API"},
 		{Kind: audit.KindApproval, Source: "agent", Port: 8080, ApprovalKind: "port", Request: "port 8080", Action: "opened"},
 		{Kind: audit.KindApproval, Source: "agent", ApprovalKind: "resources", Request: "resources memory_mb 2048", Action: "opened"},
 		{Kind: audit.KindConnection, Source: "agent", Host: "denied.test", Port: 443, Verdict: "deny", Reason: unknown},
