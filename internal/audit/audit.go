@@ -32,7 +32,8 @@ const (
 	KindRule       = "rule"       // a rule added, replaced or removed
 	KindSettings   = "settings"   // a sandbox setting changed
 	KindExfil      = "exfiltration"
-	KindMember     = "member" // a Docker member started, ended or crashed
+	KindMember     = "member"   // a Docker member started, ended or crashed
+	KindExposure   = "exposure" // a member's port exposed on the host, or no longer
 )
 
 // Entry is one thing that happened in a sandbox. Fields that do not apply
@@ -72,6 +73,7 @@ type Entry struct {
 	Action     string `json:"action,omitempty"` // opened, deny, allow_once, allow_pattern, timeout; added, replaced, removed; changed
 	RuleID     string `json:"rule_id,omitempty"`
 	List       string `json:"list,omitempty"`
+	ExposureID string `json:"exposure_id,omitempty"`
 }
 
 // Config configures a Journal.
