@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
+	"github.com/airlockhq/airlock/ui"
 )
 
 // The Docker tests run airlockd in the machine's own network namespace,
@@ -138,7 +140,7 @@ func TestDocker(t *testing.T) {
 	var d *testworld.Daemon
 	t.Cleanup(func() {
 		// After the daemon's own cleanup kills it (cleanups run last first).
-		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-outsider e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
+		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-outsider e2e-sleeper e2e-dns1 e2e-dns2 e2e-web 2>/dev/null").Run()
 		exec.Command("sh", "-c", "docker ps -aq --filter network=airlock-"+dk1+" | xargs -r docker rm -f; docker network rm airlock-"+dk1+" airlock-"+dk2+" airlock-e2e-stale").Run()
 		if d != nil {
 			if out, err := d.Teardown(); err != nil {
@@ -367,6 +369,53 @@ func TestDocker(t *testing.T) {
 				t.Errorf("launched member's host config lacks %s: %s", want, hc)
 			}
 		}
+	})
+
+	t.Run("an exposure reaches a container's port from the host until the container goes", func(t *testing.T) {
+		if out, err := docker(t, "run", "-d", "--network", "airlock-"+dk1, "--name", "e2e-web", "--label", "airlock.source=web", dkImage, "serve", ":8080"); err != nil {
+			t.Fatal(out)
+		}
+		ip, err := docker(t, "inspect", "e2e-web", "--format", "{{(index .NetworkSettings.Networks \"airlock-"+dk1+"\").IPAddress}}")
+		if err != nil {
+			t.Fatal(ip)
+		}
+		ip = strings.TrimSpace(ip)
+		// It serves inside its sandbox, and the host does not reach it.
+		if out, err := run("", dkImage, "get", "http://"+ip+":8080/"); err != nil || !strings.Contains(out, "status 200 sidecar") {
+			t.Fatalf("container to container: %v %s", err, out)
+		}
+		direct := &http.Client{Timeout: 3 * time.Second}
+		if resp, err := direct.Get("http://" + ip + ":8080/"); err == nil {
+			resp.Body.Close()
+			t.Fatal("the host reached a container's port with no exposure")
+		}
+		var x ui.Exposure
+		testenv.WaitFor(t, 10*time.Second, "the container as a member", func() bool {
+			status, body := dkCall(t, token, "POST", "/sandboxes/"+dk1+"/exposures", `{"member": "web", "port": 8080}`)
+			return status == 201 && json.Unmarshal([]byte(body), &x) == nil
+		})
+		if x.Addr != ip {
+			t.Errorf("exposure %+v, want the container at %s", x, ip)
+		}
+		resp, err := direct.Get(x.URL)
+		if err != nil {
+			t.Fatalf("GET %s: %v", x.URL, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != "sidecar" {
+			t.Errorf("GET %s = %q, want the container's page", x.URL, body)
+		}
+		docker(t, "rm", "-f", "e2e-web")
+		testenv.WaitFor(t, 10*time.Second, "the exposure to end with its container", func() bool {
+			_, body := dkCall(t, token, "GET", "/sandboxes/"+dk1+"/exposures", "")
+			return body == "[]\n"
+		})
+		if resp, err := direct.Get(x.URL); err == nil {
+			resp.Body.Close()
+			t.Error("the exposure of a removed container still answers")
+		}
+		waitRecord(t, token, dk1, "exposure", "web", func(e audit.Entry) bool { return e.Action == "closed" && e.Reason == "member ended" })
 	})
 
 	t.Run("a restarted airlockd re-adopts running members", func(t *testing.T) {

@@ -29,6 +29,7 @@ import (
 //	dial ADDR          print "dial ok" or "dial failed: …"
 //	listen ADDR SECS   serve "member" over TCP for SECS seconds, printing
 //	                   "accepted from …" per connection
+//	echo ADDR SECS     the same, but greet with "member N" and echo lines
 //	hold ADDR MS       connect to a server that speaks first, read its banner,
 //	                   wait MS ms, send "ping" and print "echo ok" if it
 //	                   comes back, then print "closed" when the server or
@@ -302,6 +303,31 @@ func TestMemberHelper(t *testing.T) {
 			c.Close()
 		}
 		fmt.Println("sent", n)
+	case "echo":
+		// echo ADDR SECS: like listen, but each connection gets a line
+		// "member <n>" and then its own lines back until it closes, so it
+		// stays open as long as the client wants.
+		secs, _ := strconv.Atoi(args[2])
+		ln, err := net.Listen("tcp4", args[1])
+		if err != nil {
+			fmt.Println("listen failed:", err)
+			os.Exit(1)
+		}
+		go func() {
+			for n := 1; ; n++ {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Println("accepted from", c.RemoteAddr())
+				go func() {
+					defer c.Close()
+					fmt.Fprintf(c, "member %d\n", n)
+					io.Copy(c, c)
+				}()
+			}
+		}()
+		time.Sleep(time.Duration(secs) * time.Second) // not a wait: the member listens this long
 	case "listen":
 		secs, _ := strconv.Atoi(args[2])
 		ln, err := net.Listen("tcp4", args[1])

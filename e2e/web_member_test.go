@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -51,8 +52,10 @@ func TestWebMemberRequests(t *testing.T) {
 		t.Errorf("the member's answer: %d %v", status, a)
 	}
 
-	// A port request: Allow or Deny, nothing else.
-	member = w.Start(cfg, "default", "agent", 60*time.Second, ask("", `{"kind":"port","port":8080,"reason":"preview the app"}`)...)
+	// A port request, from a member that serves its app on 8080: Allow or
+	// Deny, nothing else.
+	serve := strings.Join([]string{os.Args[0], "-test.run=^TestMemberHelper$", "--", "listen", ":8080", "60"}, " ")
+	member = w.Start(cfg, "default", "agent", 60*time.Second, "sh", "-c", serve+" >/dev/null & P=$!; "+shellQuote(ask("", `{"kind":"port","port":8080,"reason":"preview the app"}`))+"; kill $P")
 	id := waitPendingAPI(t, w, token)
 	got = read()
 	want = dialog{Title: "Open a port for a preview?", Label: "Port", Host: "8080", Source: "agent", URL: "port 8080 (airlockd listens on 127.0.0.1 and forwards to it)",
@@ -60,22 +63,48 @@ func TestWebMemberRequests(t *testing.T) {
 	if got != want {
 		t.Errorf("port request dialog:\n got %+v\nwant %+v", got, want)
 	}
-	// Without a way to expose ports (part C of issue 20 brings one), the
-	// allowed request fails: the row says so, with why, and so does the
-	// member's answer.
+	// Allowed, the row says so, the member learns where the host reaches
+	// it, and the Previews view's link opens the member's page.
 	var row string
 	if err := chromedp.Run(ctx,
 		chromedp.Click("#b-allow", chromedp.ByID),
 		chromedp.WaitNotVisible("#ask", chromedp.ByID),
 		chromedp.Poll(`(() => { const r = [...document.querySelectorAll("#rows tr")].find((r) => r.dataset.approval === `+"`"+id+"`"+`);
-			return r && r.textContent.includes("allowed, but failed") && r.title.includes("port exposure not available") && r.textContent; })()`, &row, chromedp.WithPollingTimeout(10*time.Second)),
+			return r && r.textContent.includes("allowed") && r.textContent; })()`, &row, chromedp.WithPollingTimeout(10*time.Second)),
 	); err != nil {
 		t.Fatalf("the port request's row: %v", err)
 	}
-	if !strings.Contains(row, "port 8080 (preview from the host)") {
+	if !strings.Contains(row, "port 8080 (preview from the host)") || strings.Contains(row, "failed") {
 		t.Errorf("row %q", row)
 	}
-	if a, status := answer(t, member()); status != 200 || a["status"] != "failed" || !strings.Contains(a["detail"].(string), "port exposure not available") {
+	var href, page string
+	if err := chromedp.Run(ctx,
+		click(`.tabs button[data-tab="previews"]`),
+		onScreen(`#exposure-rows tr[data-exposure] a`),
+		chromedp.Evaluate(`document.querySelector("#exposure-rows tr[data-exposure] a").href`, &href),
+	); err != nil {
+		t.Fatal(err)
+	}
+	xs := exposures(t, w, token, "default")
+	if len(xs) != 1 || xs[0].Member != "agent" || xs[0].Port != 8080 {
+		t.Fatalf("exposures after the approval: %+v", xs)
+	}
+	if err := chromedp.Run(ctx,
+		chromedp.Navigate(href),
+		chromedp.Poll(`document.body && document.body.innerText.trim() === "member" && document.body.innerText.trim()`, &page, chromedp.WithPollingTimeout(10*time.Second)),
+	); err != nil {
+		t.Fatalf("opening the preview %s: %v (page %q)", href, err, page)
+	}
+	if a, status := answer(t, member()); status != 200 || a["status"] != "approved" || !strings.Contains(a["detail"].(string), xs[0].HostAddr) {
 		t.Errorf("the member's answer: %d %v", status, a)
 	}
+}
+
+// shellQuote quotes args for sh -c.
+func shellQuote(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }

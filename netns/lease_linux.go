@@ -26,8 +26,9 @@ type Lease struct {
 }
 
 type leaseInfo struct {
-	Source string `json:"source"`
-	PID    int    `json:"pid"`
+	Source string    `json:"source"`
+	PID    int       `json:"pid"`
+	Taken  time.Time `json:"taken"` // when the lease was taken: with PID, which member holds it
 }
 
 // RunRange returns the addresses `airlock run` members take: the lower half
@@ -150,7 +151,7 @@ func tryLease(dir string, a netip.Addr, source string) (*Lease, error) {
 		f.Close()
 		return nil, nil // just released: the next acquisition takes it
 	}
-	info, _ := json.Marshal(leaseInfo{Source: source, PID: os.Getpid()})
+	info, _ := json.Marshal(leaseInfo{Source: source, PID: os.Getpid(), Taken: time.Now()})
 	if err := f.Truncate(0); err == nil {
 		_, err = f.WriteAt(info, 0)
 	}
@@ -174,18 +175,58 @@ func (l *Lease) Release() {
 // LeaseSource returns the source label of the live member holding addr in
 // dir, or "" when no live member holds it.
 func LeaseSource(dir string, addr netip.Addr) string {
+	h, _ := LeaseHolderOf(dir, addr)
+	return h.Source
+}
+
+// A LeaseHolder is the live member holding a lease.
+type LeaseHolder struct {
+	Addr   netip.Addr
+	Source string
+	PID    int
+	Taken  time.Time
+}
+
+// Same reports whether h and o are the same member: a later member on the
+// address took its lease at another time, and runs as another process.
+func (h LeaseHolder) Same(o LeaseHolder) bool {
+	return h.Addr == o.Addr && h.Source == o.Source && h.PID == o.PID && h.Taken.Equal(o.Taken)
+}
+
+// LeaseHolderOf returns the live member holding addr in dir; false when
+// no live member holds it.
+func LeaseHolderOf(dir string, addr netip.Addr) (LeaseHolder, bool) {
 	f, err := os.Open(filepath.Join(dir, addr.String()))
 	if err != nil {
-		return ""
+		return LeaseHolder{}, false
 	}
 	defer f.Close()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err == nil {
 		unix.Flock(int(f.Fd()), unix.LOCK_UN)
-		return "" // nobody holds it: a stale file
+		return LeaseHolder{}, false // nobody holds it: a stale file
 	}
 	var info leaseInfo
-	if err := json.NewDecoder(f).Decode(&info); err != nil {
-		return ""
+	if err := json.NewDecoder(io.LimitReader(f, 4096)).Decode(&info); err != nil || info.Source == "" {
+		return LeaseHolder{}, false
 	}
-	return info.Source
+	return LeaseHolder{Addr: addr, Source: info.Source, PID: info.PID, Taken: info.Taken}, true
+}
+
+// LeaseHolders returns the live members holding leases in dir, by address.
+func LeaseHolders(dir string) []LeaseHolder {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []LeaseHolder
+	for _, e := range entries {
+		a, err := netip.ParseAddr(e.Name())
+		if err != nil || !a.Is4() || !e.Type().IsRegular() {
+			continue // the turn file, or not ours
+		}
+		if h, ok := LeaseHolderOf(dir, a); ok {
+			out = append(out, h)
+		}
+	}
+	return out
 }

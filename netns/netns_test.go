@@ -69,6 +69,14 @@ func TestLeases(t *testing.T) {
 	if got := LeaseSource(dir, b.Addr); got != "mcp:github" {
 		t.Errorf("LeaseSource = %q, want mcp:github", got)
 	}
+	holders := map[string]LeaseHolder{}
+	for _, h := range LeaseHolders(dir) {
+		holders[h.Source] = h
+	}
+	if len(holders) != 2 || holders["agent"].Addr != a.Addr || holders["mcp:github"].Addr != b.Addr || holders["agent"].PID != os.Getpid() {
+		t.Errorf("LeaseHolders = %+v, want agent at %s and mcp:github at %s", holders, a.Addr, b.Addr)
+	}
+	wasB := holders["mcp:github"]
 	b.Release()
 	b.Release() // idempotent
 	if got := LeaseSource(dir, b.Addr); got != "" {
@@ -81,7 +89,16 @@ func TestLeases(t *testing.T) {
 	}
 	c, err := AcquireLease(dir, n, "new")
 	if err != nil || c.Addr != b.Addr {
-		t.Errorf("stale address not reused: %v %v", c, err)
+		t.Fatalf("stale address not reused: %v %v", c, err)
+	}
+	// Another member on the address is another holder, even under the
+	// old member's name.
+	c.Release()
+	if c, err = AcquireLease(dir, n, "mcp:github"); err != nil || c.Addr != b.Addr {
+		t.Fatalf("address not reused: %v %v", c, err)
+	}
+	if h, ok := LeaseHolderOf(dir, c.Addr); !ok || h.Same(wasB) || !h.Same(h) || h.Source != "mcp:github" {
+		t.Errorf("a new member on %s is %+v, %v; the old one was %+v", c.Addr, h, ok, wasB)
 	}
 	a.Release()
 	c.Release()

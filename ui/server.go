@@ -97,6 +97,9 @@ type Config struct {
 	// Sessions returns a sandbox's sessions for the sessions routes and
 	// /mcp; nil means the server runs none.
 	Sessions SessionsOf
+	// Exposures opens and closes exposures of members' ports; nil means
+	// the exposure routes answer 503.
+	Exposures Exposer
 	// Registry receives the metrics served at /metrics; nil means none.
 	Registry *prometheus.Registry
 	// Logger; nil means slog.Default().
@@ -312,6 +315,7 @@ func (s *Server) routes() *echo.Echo {
 	sb.GET("/events", s.events)
 	s.containerRoutes(sb)
 	s.sessionRoutes(e, sb)
+	s.exposureRoutes(sb)
 	sb.GET("/ca.pem", func(c echo.Context) error {
 		return c.Blob(http.StatusOK, "application/x-pem-file", sandboxOf(c).CAPEM())
 	})

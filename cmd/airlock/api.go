@@ -114,6 +114,8 @@ var (
 	flagLimit           int
 	flagOut             string
 	flagSince           string
+	flagList, flagClose bool
+	flagHostPort        int
 )
 
 func apiCommands() map[string]apiCommand {
@@ -167,6 +169,12 @@ func apiCommands() map[string]apiCommand {
 			fs.StringVar(&flagSince, "since", "", "only traffic since this long ago (1h) or this time (RFC 3339); default all the log holds")
 			fs.BoolVar(&flagSave, "save", false, "save the patterns that are neither covered nor flagged to the policy file")
 		}, run: cmdPropose},
+		"expose": {name: "expose", usage: "expose SANDBOX MEMBER PORT [--host-port N]  |  expose --list SANDBOX  |  expose --close SANDBOX ID",
+			min: 1, max: 3, flags: func(fs *flag.FlagSet) {
+				fs.BoolVar(&flagList, "list", false, "list the sandbox's exposures")
+				fs.BoolVar(&flagClose, "close", false, "close exposure ID")
+				fs.IntVar(&flagHostPort, "host-port", 0, "listen on this host port (default: a free one)")
+			}, run: cmdExpose},
 		"ca": {name: "ca", usage: "ca SANDBOX", min: 1, max: 1, run: func(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 			var pem []byte
 			if err := c.Do(ctx, "GET", sbPath(a[0], "/ca.pem"), nil, &pem); err != nil {
@@ -721,5 +729,52 @@ func cmdPresets(ctx context.Context, c *ui.Client, cm *common, _ []string) error
 		}
 	}
 	table("PRESET\tHOST\tRULES\tWHY", rows)
+	return nil
+}
+
+// cmdExpose forwards a host port to a member's port, or lists or closes
+// a sandbox's exposures.
+func cmdExpose(ctx context.Context, c *ui.Client, cm *common, a []string) error {
+	const usage = "usage: airlock expose SANDBOX MEMBER PORT [--host-port N]  |  --list SANDBOX  |  --close SANDBOX ID"
+	switch {
+	case flagList && !flagClose && len(a) == 1:
+		var list []ui.Exposure
+		if err := c.Do(ctx, "GET", sbPath(a[0], "/exposures"), nil, &list); err != nil {
+			return err
+		}
+		if cm.json {
+			return printJSON(list)
+		}
+		var rows [][]string
+		for _, x := range list {
+			rows = append(rows, []string{x.ID, x.Member, x.Addr, fmt.Sprint(x.Port), x.URL, x.Created.Local().Format("15:04:05")})
+		}
+		table("ID\tMEMBER\tADDRESS\tPORT\tOPEN\tSINCE", rows)
+		return nil
+	case flagClose && !flagList && len(a) == 2:
+		var out map[string]string
+		if err := c.Do(ctx, "DELETE", sbPath(a[0], "/exposures/"+url.PathEscape(a[1])), nil, &out); err != nil {
+			return err
+		}
+		if cm.json {
+			return printJSON(out)
+		}
+		fmt.Fprintf(stdout, "closed exposure %s of %s\n", v(a[1]), a[0])
+		return nil
+	case flagList || flagClose || len(a) != 3:
+		return errors.New(usage)
+	}
+	port, err := strconv.Atoi(a[2])
+	if err != nil || port < 1 || port > 65535 {
+		return fmt.Errorf("port %q: want 1 to 65535", a[2])
+	}
+	var x ui.Exposure
+	if err := c.Do(ctx, "POST", sbPath(a[0], "/exposures"), ui.ExposeRequest{Member: a[1], Port: port, HostPort: flagHostPort}, &x); err != nil {
+		return err
+	}
+	if cm.json {
+		return printJSON(x)
+	}
+	fmt.Fprintf(stdout, "%s:%d of %s (%s) is at %s (id %s; airlock expose --close %s %s ends it)\n", v(x.Member), x.Port, a[0], x.Addr, x.URL, x.ID, a[0], x.ID)
 	return nil
 }

@@ -49,6 +49,9 @@ const usage = `usage:
   airlock propose SANDBOX [--since 1h] [--save]
                                              patterns covering what members reached (--save: add
                                              the ones not covered or flagged to the policy file)
+  airlock expose SANDBOX MEMBER PORT [--host-port N]
+                                             forward a host port (127.0.0.1) to MEMBER's PORT;
+                                             --list SANDBOX lists them, --close SANDBOX ID ends one
   airlock teardown NAME                      remove sandbox NAME's rules, bridge and leases
 
 Finding airlockd: --api URL (or $AIRLOCK_API, default from the config: http://127.0.0.1:7433),

@@ -32,7 +32,8 @@ const (
 	KindRule       = "rule"       // a rule added, replaced or removed
 	KindSettings   = "settings"   // a sandbox setting changed
 	KindExfil      = "exfiltration"
-	KindMember     = "member" // a Docker member started, ended or crashed
+	KindMember     = "member"   // a Docker member started, ended or crashed
+	KindExposure   = "exposure" // a member's port exposed on the host, or no longer
 )
 
 // Entry is one thing that happened in a sandbox. Fields that do not apply
@@ -69,14 +70,15 @@ type Entry struct {
 	ConnID     uint64              `json:"conn_id,omitempty"`
 
 	ApprovalID string `json:"approval_id,omitempty"`
-	Action     string `json:"action,omitempty"` // opened, deny, allow_once, allow_pattern, allow, failed, timeout; added, replaced, removed; changed
+	Action     string `json:"action,omitempty"` // opened, deny, allow_once, allow_pattern, allow, failed, timeout; added, replaced, removed; changed; exposure opened, closed
 	// ApprovalKind is an approval's kind: network, port or resources.
 	ApprovalKind string `json:"approval_kind,omitempty"`
 	// Request is what a member asked for through the member API ("port
 	// 8080", "resources memory_mb 2048"); its reason is in Reason.
-	Request string `json:"request,omitempty"`
-	RuleID  string `json:"rule_id,omitempty"`
-	List    string `json:"list,omitempty"`
+	Request    string `json:"request,omitempty"`
+	RuleID     string `json:"rule_id,omitempty"`
+	List       string `json:"list,omitempty"`
+	ExposureID string `json:"exposure_id,omitempty"`
 }
 
 // Config configures a Journal.

@@ -74,8 +74,14 @@ type Config struct {
 	Drain time.Duration
 	// Limits bound what one member and one sandbox may hold open; zero
 	// fields take DefaultLimits.
-	Limits    Limits
-	Sandboxes []Sandbox
+	Limits Limits
+	// ExposeListen is the address exposures listen on (a host port
+	// forwarded to a member's port, docs/design.md §6.2). Default
+	// 127.0.0.1: only the host itself reaches them. Another address is
+	// the config's explicit choice; none inside a sandbox subnet or the
+	// fake-IP pool.
+	ExposeListen netip.Addr
+	Sandboxes    []Sandbox
 }
 
 // Limits bound the connections and held approvals of one member and of one
@@ -188,6 +194,7 @@ type fileConfig struct {
 	PolicyPoll     *float64      `yaml:"policy_poll_seconds"`
 	Drain          *float64      `yaml:"drain_seconds"`
 	Limits         Limits        `yaml:"limits"`
+	ExposeListen   string        `yaml:"expose_listen"`
 	Sandboxes      []fileSandbox `yaml:"sandboxes"`
 }
 
@@ -298,7 +305,34 @@ func Parse(name string, data []byte) (*Config, error) {
 		sb.Presets = strings.Join(presets, ",")
 		c.Sandboxes = append(c.Sandboxes, sb)
 	}
+	if c.ExposeListen, err = c.exposeListen(fc.ExposeListen); err != nil {
+		return nil, bad("expose_listen: %v", err)
+	}
 	return c, nil
+}
+
+// exposeListen checks the address exposures listen on; "" means 127.0.0.1.
+// A loopback address keeps them to the host's own processes; another one
+// opens them to whatever reaches that address, which the config must say.
+// Members never reach them: nothing of a sandbox subnet or the fake pool.
+func (c *Config) exposeListen(s string) (netip.Addr, error) {
+	if s == "" {
+		return netip.AddrFrom4([4]byte{127, 0, 0, 1}), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("%q: want an IP address such as 127.0.0.1 (the port is chosen per exposure)", s)
+	}
+	a = a.Unmap()
+	if c.FakeIPPool.Contains(a) {
+		return netip.Addr{}, fmt.Errorf("%s is in fake_ip_pool %s", a, c.FakeIPPool)
+	}
+	for _, sb := range c.Sandboxes {
+		if sb.Subnet.Contains(a) {
+			return netip.Addr{}, fmt.Errorf("%s is in sandbox %s's subnet %s; exposures are for the host, never for members", a, sb.Name, sb.Subnet)
+		}
+	}
+	return a, nil
 }
 
 // NewSandbox checks a sandbox against the config and the sandboxes already

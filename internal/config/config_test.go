@@ -23,6 +23,18 @@ func TestDefault(t *testing.T) {
 	if c.LogAllowed || c.PolicyPoll != 2*time.Second || c.Drain != 5*time.Second {
 		t.Errorf("log_allowed %v, policy poll %v, drain %v; want false, 2s, 5s", c.LogAllowed, c.PolicyPoll, c.Drain)
 	}
+	if c.ExposeListen.String() != "127.0.0.1" {
+		t.Errorf("expose_listen %v, want 127.0.0.1", c.ExposeListen)
+	}
+}
+
+func TestParseExposeListen(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{{"127.0.0.2", "127.0.0.2"}, {"'::1'", "::1"}, {"0.0.0.0", "0.0.0.0"}, {"192.0.2.7", "192.0.2.7"}, {"'::ffff:127.0.0.1'", "127.0.0.1"}} {
+		c, err := Parse("x.yaml", []byte("expose_listen: "+tc.in+"\nsandboxes:\n  - {name: a, subnet: 10.88.0.0/24}\n"))
+		if err != nil || c.ExposeListen.String() != tc.want {
+			t.Errorf("expose_listen %s: %v %v, want %s", tc.in, c, err, tc.want)
+		}
+	}
 }
 
 func TestParseSandboxPresets(t *testing.T) {
@@ -100,6 +112,10 @@ func TestParseErrors(t *testing.T) {
 		{"drain negative", "drain_seconds: -1" + sb, "drain_seconds -1: want 0 to 600 seconds"},
 		{"drain words", "drain_seconds: long" + sb, "cannot unmarshal"},
 		{"log_allowed words", "log_allowed: sometimes" + sb, "cannot unmarshal"},
+		{"expose with a port", "expose_listen: 127.0.0.1:8080" + sb, `expose_listen: "127.0.0.1:8080": want an IP address`},
+		{"expose by name", "expose_listen: localhost" + sb, "want an IP address"},
+		{"expose on a gateway", "expose_listen: 10.88.0.1" + sb, "expose_listen: 10.88.0.1 is in sandbox a's subnet 10.88.0.0/24"},
+		{"expose in the pool", "expose_listen: 198.18.0.9" + sb, "fake_ip_pool"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -83,6 +83,8 @@ type sandbox struct {
 	gauges  []prometheus.Collector
 	// sessions are the sandbox's sessions (sessions.go).
 	sessions *session.Manager
+	// exposures are its members' ports forwarded to the host (expose.go).
+	exposures exposureSet
 	// policyFP is the policy file as last read; d.mu guards it.
 	policyFP fingerprint
 	// held says how the policy file widens access, when a poll kept it
@@ -209,6 +211,7 @@ func (d *Daemon) init() error {
 		Sandboxes: d.uiSandboxes,
 		Manager:   d,
 		Sessions:  d.sessionsOf,
+		Exposures: d,
 		Registry:  d.reg,
 		Logger:    d.log,
 	}
@@ -324,6 +327,8 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 	if err = d.startSessions(s); err != nil {
 		return nil, err
 	}
+	// Last, so that it runs first when the sandbox stops.
+	s.closers = append(s.closers, func() error { d.closeExposures(s); return nil })
 	d.log.Info("sandbox ready", "sandbox", sb.Name, "bridge", s.net.Bridge, "subnet", s.net.Subnet.String(),
 		"gate", s.net.Gateway.String()+":53", "policy", sb.Policy, "rules", len(s.policy.Rules()))
 	return s, nil

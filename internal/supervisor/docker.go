@@ -155,6 +155,7 @@ func (d *Daemon) memberChanged(m netns.Member, event string) {
 		d.log.Warn("MCP sidecar crashed", "sandbox", m.Sandbox, "container", m.Name, "source", m.Source, "exit_code", m.ExitCode)
 	default:
 		e.Reason = fmt.Sprintf("container left the sandbox (%s, exit code %d)", event, m.ExitCode)
+		d.memberLeft(s, m.ID)
 	}
 	d.mets.Observe(s.journal.Add(e))
 }

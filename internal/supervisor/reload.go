@@ -239,6 +239,7 @@ func restartKeys(run, next *config.Config) []string {
 		{"log_allowed", run.LogAllowed == next.LogAllowed},
 		{"policy_poll_seconds", run.PolicyPoll == next.PolicyPoll},
 		{"drain_seconds", run.Drain == next.Drain},
+		{"expose_listen", run.ExposeListen == next.ExposeListen},
 	} {
 		if !k.same {
 			out = append(out, k.key)

@@ -88,15 +88,15 @@ func TestPortRequestExposes(t *testing.T) {
 	}
 }
 
-// Without an exposer an approved port request fails, and says why, to the
-// person and to the member.
-func TestPortRequestWithoutExposer(t *testing.T) {
+// A port request that cannot be exposed (here: the daemon runs no such
+// sandbox) fails, and says why, to the person and to the member.
+func TestPortRequestExposeFails(t *testing.T) {
 	b, h := portFlow(t, &Daemon{})
 	answer := askPort(h)
-	if err := allowFirst(t, b); err == nil || !strings.Contains(err.Error(), "port exposure not available") {
+	if err := allowFirst(t, b); err == nil || !strings.Contains(err.Error(), `no sandbox "sb"`) {
 		t.Errorf("Decide = %v", err)
 	}
-	if a := <-answer; a.Status != "failed" || !strings.Contains(a.Detail, "port exposure not available") {
+	if a := <-answer; a.Status != "failed" || !strings.Contains(a.Detail, `no sandbox "sb"`) {
 		t.Errorf("the member's answer: %+v", a)
 	}
 }

@@ -2,7 +2,8 @@
 // (docs/design.md §12): listeners with IP_TRANSPARENT, which take the
 // connections and datagrams nftables' tproxy hands them whatever their
 // destination, and the IP_PKTINFO control messages a transparent UDP
-// socket reads a datagram's destination from and answers from it with.
+// socket reads a datagram's destination from and answers from it with;
+// and the transparent sockets airlockd dials a member's port with.
 package transparent
 
 import (
@@ -24,25 +25,38 @@ func ListenConfig(on bool) *net.ListenConfig {
 	if !on {
 		return &net.ListenConfig{}
 	}
-	return &net.ListenConfig{Control: func(network, _ string, rc syscall.RawConn) error {
-		var serr error
-		err := rc.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
-			if serr != nil {
-				serr = fmt.Errorf("setsockopt(IP_TRANSPARENT): %w (airlockd needs CAP_NET_ADMIN)", serr)
-				return
-			}
-			if network == "udp" || network == "udp4" {
-				if serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_PKTINFO, 1); serr != nil {
-					serr = fmt.Errorf("setsockopt(IP_PKTINFO): %w", serr)
-				}
-			}
-		})
-		if err == nil {
-			err = serr
+	return &net.ListenConfig{Control: control}
+}
+
+// Dialer returns a dialer whose TCP sockets are bound to local (any port)
+// with IP_TRANSPARENT, for airlockd's connections to a sandbox member (an
+// exposure, docs/design.md §12): the member's replies are diverted like
+// all TCP from a bridge, and the sink's tproxy rule hands them to the
+// established transparent socket they belong to, which is this one. An
+// ordinary host socket gets none of them (the sink resets them).
+func Dialer(local netip.Addr) *net.Dialer {
+	return &net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0)), Control: control}
+}
+
+// control sets IP_TRANSPARENT, and IP_PKTINFO on a UDP socket.
+func control(network, _ string, rc syscall.RawConn) error {
+	var serr error
+	err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+		if serr != nil {
+			serr = fmt.Errorf("setsockopt(IP_TRANSPARENT): %w (airlockd needs CAP_NET_ADMIN)", serr)
+			return
 		}
-		return err
-	}}
+		if network == "udp" || network == "udp4" {
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_PKTINFO, 1); serr != nil {
+				serr = fmt.Errorf("setsockopt(IP_PKTINFO): %w", serr)
+			}
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	return err
 }
 
 // Listen binds a TCP listener on addr, transparent if on.

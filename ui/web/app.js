@@ -1,5 +1,5 @@
 // airlock's web page: the live monitor, the approval dialog, the allowlist
-// manager, the sessions and the settings of a sandbox. Plain JavaScript, no dependencies;
+// manager, the sessions, the previews and the settings of a sandbox. Plain JavaScript, no dependencies;
 // every value from the server goes into the page as text, never as HTML.
 "use strict";
 
@@ -9,7 +9,7 @@ const state = {
   rows: [], sources: new Map(), counts: { total: 0, allow: 0, deny: 0 },
   queue: [], current: null, timer: null, follow: true, samples: [],
   editing: false, settings: null, returnFocus: null,
-  pinned: new Set(), sessionsTimer: null,
+  pinned: new Set(), sessionsTimer: null, previewsTimer: null,
 };
 const MAX_ROWS = 2000;
 
@@ -82,6 +82,7 @@ function selectTab(b) {
   if (b.dataset.tab === "settings") loadSettings();
   if (b.dataset.tab === "proposal" && !$("proposal-rows").children.length) loadProposal();
   if (b.dataset.tab === "sessions") loadSessions();
+  if (b.dataset.tab === "previews") loadPreviews();
 }
 for (const b of tabs) {
   b.addEventListener("click", () => selectTab(b));
@@ -112,6 +113,8 @@ async function openSandbox() {
   state.editing = false; state.settings = null; state.rows = []; state.sources.clear(); state.counts = { total: 0, allow: 0, deny: 0 }; state.queue = []; state.samples = []; state.pinned.clear();
   $("rows").replaceChildren(); $("session-rows").replaceChildren(); $("f-source").value = "";
   if (!$("tab-sessions").hidden) loadSessions();
+  $("exposure-rows").replaceChildren(); $("member-rows").replaceChildren();
+  if (!$("tab-previews").hidden) loadPreviews();
   $("har").href = "/api/v1" + sb("/requests.har");
   $("s-ca").href = "/api/v1" + sb("/ca.pem");
   try {
@@ -121,6 +124,7 @@ async function openSandbox() {
   state.events = new EventSource("/api/v1" + sb("/events"));
   for (const kind of ["connection", "request"]) state.events.addEventListener(kind, (m) => addRecord(JSON.parse(m.data)));
   state.events.addEventListener("approval", (m) => onApproval(JSON.parse(m.data)));
+  state.events.addEventListener("exposure", () => { if (!$("tab-previews").hidden) loadPreviews(); });
   state.events.addEventListener("rule", () => { if (!$("tab-rules").hidden && !state.editing) loadRules(); });
   state.events.addEventListener("settings", () => { if (!$("tab-settings").hidden) loadSettings(); refreshLearn(); });
   $("proposal-rows").replaceChildren(); $("proposal-status").textContent = ""; $("proposal-save").disabled = true;
@@ -521,6 +525,92 @@ $("add-rule").addEventListener("submit", async (ev) => {
     $("new-pattern").value = ""; loadRules();
   } catch (e) { $("add-error").textContent = e.message; }
 });
+
+// ---- previews ----
+// loadPreviews shows the sandbox's exposures and its live members, again
+// every 2 s while the tab is open (members come and go without events).
+// Member names are the member's to choose: they go in as text through el.
+async function loadPreviews() {
+  clearTimeout(state.previewsTimer);
+  if ($("tab-previews").hidden || !state.sandbox) return;
+  const sandbox = state.sandbox;
+  try {
+    const [exposures, members] = await Promise.all([api("GET", sb("/exposures")), api("GET", sb("/members"))]);
+    if (sandbox !== state.sandbox) return;
+    renderExposures(exposures);
+    renderMembers(members);
+  } catch (e) { $("previews-error").textContent = e.message; }
+  clearTimeout(state.previewsTimer);
+  if (!$("tab-previews").hidden) state.previewsTimer = setTimeout(loadPreviews, 2000);
+}
+
+function renderExposures(list) {
+  $("previews-status").textContent = list.length === 1 ? "1 exposure" : list.length + " exposures";
+  if (!list.length) {
+    $("exposure-rows").replaceChildren(el("tr", {}, el("td", { colspan: "5", class: "muted" }, "Nothing exposed. Expose a member's port below, or run airlock expose SANDBOX MEMBER PORT.")));
+    return;
+  }
+  $("exposure-rows").replaceChildren(...list.map((x) => {
+    const href = exposureHref(x.url);
+    const link = href ? el("a", { href, target: "_blank", rel: "noopener noreferrer", "aria-label": "open " + visibleText(x.member) + " port " + x.port }, "open") : el("span", {}, "");
+    return el("tr", { "data-exposure": x.id },
+      el("td", { title: x.addr }, x.member),
+      el("td", { class: "num" }, String(x.port)),
+      el("td", { class: "mono" }, x.host_addr),
+      el("td", { title: new Date(x.created).toLocaleString() }, new Date(x.created).toLocaleTimeString([], { hour12: false })),
+      el("td", { class: "actions" }, link, " ",
+        el("button", { class: "danger", "aria-label": "close " + visibleText(x.member) + " port " + x.port, onclick: (ev) => closeExposure(ev.target, x) }, "close")));
+  }));
+}
+
+// exposureHref is the link to an exposure's URL (airlockd's own listener;
+// only http links are made) under a host name other than this page's. A
+// browser sends a host's cookies to every port of it: the page's session
+// cookie must not go to the member's server. Both names are the host's
+// loopback.
+function exposureHref(url) {
+  if (!/^http:\/\/[0-9.:[\]a-f]+\/$/.test(url)) return "";
+  const u = new URL(url);
+  if (u.hostname === location.hostname) u.hostname = u.hostname === "127.0.0.1" ? "localhost" : "127.0.0.1";
+  return u.href;
+}
+
+function renderMembers(list) {
+  // A port being typed survives the refresh.
+  const typed = new Map([...$("member-rows").querySelectorAll("input[data-addr]")].map((i) => [i.dataset.addr, i.value]));
+  if (!list.length) {
+    $("member-rows").replaceChildren(el("tr", {}, el("td", { colspan: "4", class: "muted" }, "No live members in this sandbox.")));
+    return;
+  }
+  $("member-rows").replaceChildren(...list.map((m) => {
+    const port = el("input", { type: "number", min: "1", max: "65535", step: "1", inputmode: "numeric", placeholder: "port", "data-addr": m.addr, "aria-label": "port of " + visibleText(m.name) + " to expose" });
+    port.value = typed.get(m.addr) || "";
+    return el("tr", { "data-member": m.addr },
+      el("td", {}, m.name), el("td", { class: "mono" }, m.addr), el("td", {}, m.kind),
+      el("td", { class: "actions" }, port, " ", el("button", { "aria-label": "expose a port of " + visibleText(m.name), onclick: (ev) => exposePort(ev.target, m, port) }, "expose port")));
+  }));
+}
+
+async function exposePort(button, m, input) {
+  const port = Number(input.value);
+  $("previews-error").textContent = "";
+  if (!Number.isInteger(port) || port < 1 || port > 65535) { $("previews-error").textContent = "port must be 1 to 65535"; input.focus(); return; }
+  button.disabled = true;
+  try {
+    // By address: two members may share a name.
+    await api("POST", sb("/exposures"), { member: m.addr, port });
+    input.value = "";
+    await loadPreviews();
+  } catch (e) { $("previews-error").textContent = e.message; } finally { button.disabled = false; }
+}
+
+async function closeExposure(button, x) {
+  button.disabled = true; $("previews-error").textContent = "";
+  try {
+    await api("DELETE", sb("/exposures/" + encodeURIComponent(x.id)));
+    await loadPreviews();
+  } catch (e) { $("previews-error").textContent = e.message; button.disabled = false; }
+}
 
 // ---- sessions ----
 // ageText shows seconds as a person reads them: 40 s, 12 min, 3 h 5 min,
