@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -55,7 +56,7 @@ func TestWebMemberRequests(t *testing.T) {
 	// A port request, from a member that serves its app on 8080: Allow or
 	// Deny, nothing else.
 	serve := strings.Join([]string{os.Args[0], "-test.run=^TestMemberHelper$", "--", "listen", ":8080", "60"}, " ")
-	member = w.Start(cfg, "default", "agent", 60*time.Second, "sh", "-c", serve+" >/dev/null & P=$!; "+shellQuote(ask("", `{"kind":"port","port":8080,"reason":"preview the app"}`))+"; kill $P")
+	member = w.Start(cfg, "default", "agent", 60*time.Second, "sh", "-c", serve+" >/dev/null & P=$!; "+shellQuote(ask("", `{"kind":"port","port":8080,"reason":"preview the app"}`))+"; sleep 10; kill $P") // the member lives on while the preview is opened
 	id := waitPendingAPI(t, w, token)
 	got = read()
 	want = dialog{Title: "Open a port for a preview?", Label: "Port", Host: "8080", Source: "agent", URL: "port 8080 (airlockd listens on 127.0.0.1 and forwards to it)",
@@ -89,11 +90,18 @@ func TestWebMemberRequests(t *testing.T) {
 	if len(xs) != 1 || xs[0].Member != "agent" || xs[0].Port != 8080 {
 		t.Fatalf("exposures after the approval: %+v", xs)
 	}
+	if want := strings.Replace(xs[0].URL, "127.0.0.1", "localhost", 1); href != want {
+		t.Errorf("the open link is %q, want %q", href, want)
+	}
+	// airlockd runs in the test world's host namespace, the browser
+	// outside it: the link's port is carried there, under the same name.
+	_, port, _ := net.SplitHostPort(w.ForwardHost(xs[0].HostAddr))
+	preview := "http://localhost:" + port + "/"
 	if err := chromedp.Run(ctx,
-		chromedp.Navigate(href),
+		chromedp.Navigate(preview),
 		chromedp.Poll(`document.body && document.body.innerText.trim() === "member" && document.body.innerText.trim()`, &page, chromedp.WithPollingTimeout(10*time.Second)),
 	); err != nil {
-		t.Fatalf("opening the preview %s: %v (page %q)", href, err, page)
+		t.Fatalf("opening the preview %s (%s): %v (page %q)", href, preview, err, page)
 	}
 	if a, status := answer(t, member()); status != 200 || a["status"] != "approved" || !strings.Contains(a["detail"].(string), xs[0].HostAddr) {
 		t.Errorf("the member's answer: %d %v", status, a)
