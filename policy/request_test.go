@@ -400,6 +400,15 @@ func TestRequestedURL(t *testing.T) {
 		{in: "https://3405803783/", err: "not a host name"},
 		{in: "https://example.com:0/", err: "bad port"},
 		{in: "https://" + strings.Repeat("a", 2100) + ".com/", err: "longer than 2048"},
+		// Unicode controls, bidi and line separators are as refused as
+		// ASCII ones, wherever they stand (the query is not re-encoded).
+		{in: "https://example.com/x?q=\u202egpj.exe", err: "space or control"},
+		{in: "https://example.com/?a=\u0085b", err: "space or control"},
+		{in: "https://example.com/?a=\u2028b", err: "space or control"},
+		{in: "https://example.com/?a=\u200bb", err: "space or control"},
+		{in: "https://example.com/?a=\u00a0b", err: "space or control"},
+		{in: "https://example.com/?a=\xffb", err: "space or control"},
+		{in: "https://example.com/?q=caf\u00e9", host: "example.com", port: 443, url: "https://example.com/?q=caf\u00e9"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in[:min(len(tt.in), 40)], func(t *testing.T) {
