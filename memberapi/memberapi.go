@@ -97,6 +97,9 @@ type Handler struct {
 	mu      sync.Mutex
 	buckets map[string]*bucket // by member
 	kept    map[string]*kept   // by approval ID
+	// opening counts, by member, the requests open let through that are
+	// not kept yet: they hold their place under MaxOpen meanwhile.
+	opening map[string]int
 }
 
 // bucket is a member's token bucket.
@@ -142,7 +145,7 @@ func New(cfg Config) (*Handler, error) {
 		log = slog.Default()
 	}
 	return &Handler{cfg: cfg, log: log.With("component", "memberapi", "sandbox", cfg.Sandbox),
-		buckets: map[string]*bucket{}, kept: map[string]*kept{}}, nil
+		buckets: map[string]*bucket{}, kept: map[string]*kept{}, opening: map[string]int{}}, nil
 }
 
 // Body is the body of POST /v1/requests.
@@ -268,6 +271,9 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, m Member) {
 		return
 	}
 	t, err := h.cfg.Requests.Request(req)
+	if err != nil {
+		h.keep(nil, m.Name, req.Kind)
+	}
 	switch {
 	case errors.Is(err, policy.ErrRefused):
 		h.refused(w, m, req.Kind, err.Error())
@@ -419,9 +425,9 @@ func (h *Handler) level(b *bucket, now time.Time) float64 {
 	return math.Min(float64(h.cfg.Burst), b.tokens+now.Sub(b.last).Seconds()*h.cfg.Rate)
 }
 
-// open reports whether member may open another request; when not, it
-// returns the seconds until its oldest open one times out. It forgets
-// requests decided longer ago than Keep first.
+// open reports whether member may open another request, and holds its
+// place until keep; when not, it returns the seconds until its oldest open
+// one times out. It forgets requests decided longer ago than Keep first.
 func (h *Handler) open(member string) (int, bool) {
 	now := h.cfg.Now()
 	h.mu.Lock()
@@ -436,17 +442,26 @@ func (h *Handler) open(member string) (int, bool) {
 			}
 		}
 	}
-	if n >= h.cfg.MaxOpen {
+	if n+h.opening[member] >= h.cfg.MaxOpen {
 		return max(1, int(math.Ceil(first.Sub(now).Seconds()))), false
 	}
+	h.opening[member]++
 	return 0, true
 }
 
 // keep remembers a request for polling, within the bounds on what is
-// kept: a member's or the sandbox's oldest decided requests go first.
+// kept: a member's or the sandbox's oldest decided requests go first. It
+// gives back the place open held; t nil only gives it back (nothing was
+// opened).
 func (h *Handler) keep(t *policy.Ticket, member string, kind policy.AskKind) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.opening[member]--; h.opening[member] <= 0 {
+		delete(h.opening, member)
+	}
+	if t == nil {
+		return
+	}
 	if _, ok := h.kept[t.ID()]; ok {
 		return // an equal open request, joined
 	}

@@ -421,6 +421,56 @@ func TestMemberAPIFlood(t *testing.T) {
 	}
 }
 
+// gate is a Requester that holds each call until n calls are in, or a
+// moment has passed: the requests of a burst reach it together.
+type gate struct {
+	next Requester
+	n    int
+	mu   sync.Mutex
+	in   int
+	all  chan struct{}
+}
+
+func (g *gate) Request(req policy.AskRequest) (*policy.Ticket, error) {
+	g.mu.Lock()
+	if g.in++; g.in == g.n {
+		close(g.all)
+	}
+	g.mu.Unlock()
+	select {
+	case <-g.all:
+	case <-time.After(300 * time.Millisecond):
+	}
+	return g.next.Request(req)
+}
+
+// A burst of requests sent at once on as many connections opens no more
+// than MaxOpen: the bound is not only checked, but held, while a request
+// is being opened.
+func TestMemberAPIConcurrentBurstKeepsMaxOpen(t *testing.T) {
+	f := newFixture(t, "")
+	f.h.cfg.Burst = 8
+	g := &gate{next: f.broker, n: 8, all: make(chan struct{})}
+	f.h.cfg.Requests = g
+	var wg sync.WaitGroup
+	codes := make([]int, 8)
+	for i := range 8 {
+		wg.Go(func() { codes[i] = f.post(agentAddr, `{"kind":"port","port":`+itoa(4000+i)+`,"reason":"burst"}`).Code })
+	}
+	wg.Wait()
+	accepted := 0
+	for _, c := range codes {
+		if c == 202 {
+			accepted++
+		} else if c != 429 {
+			t.Errorf("status %d, want 202 or 429", c)
+		}
+	}
+	if n := len(f.broker.List()); accepted != 4 || n != 4 {
+		t.Errorf("%d accepted, %d approvals open after a burst of 8, want 4 (MaxOpen)", accepted, n)
+	}
+}
+
 // The rate alone: a burst, then one a second.
 func TestMemberAPIRate(t *testing.T) {
 	f := newFixture(t, "")

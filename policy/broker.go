@@ -217,8 +217,11 @@ type askKey struct {
 	kind      AskKind
 	requested bool
 	source    string
-	host      string
-	port      uint16
+	// memberID keeps apart containers that share a member's name: a grant
+	// goes to the container that asked.
+	memberID string
+	host     string
+	port     uint16
 	// method and url are set for a request and empty for a connection.
 	method, url string
 	// memoryMB, cpus and pids are a resources request's.
@@ -243,7 +246,7 @@ func queryOf(req AskRequest) Query {
 }
 
 func keyOf(req AskRequest) askKey {
-	k := askKey{kind: req.Kind, requested: req.Requested, source: req.Source, host: req.Host, port: req.Port,
+	k := askKey{kind: req.Kind, requested: req.Requested, source: req.Source, memberID: req.MemberID, host: req.Host, port: req.Port,
 		memoryMB: req.MemoryMB, cpus: req.CPUs, pids: req.Pids}
 	if req.isRequest() {
 		k.method, k.url = req.Method, req.URL

@@ -104,13 +104,15 @@ func CleanReason(s string) string {
 // RequestedURL reads the url of a member's network request:
 // "https://host/path", "http://host:8080/", or a bare "host" (https). It
 // returns the normalised host, the port and the URL as a person is shown
-// it. A URL with credentials, a fragment or a scheme other than http and
-// https is refused, and so is the reserved InternalName.
+// it. A URL with credentials, a fragment, a scheme other than http and
+// https, or a space, control or format character anywhere (Unicode's too:
+// bidi controls, zero-width characters, line separators, invalid UTF-8) is
+// refused, and so is the reserved InternalName.
 func RequestedURL(s string) (host string, port uint16, url string, err error) {
 	if len(s) > 2048 {
 		return "", 0, "", errors.New("url is longer than 2048 bytes")
 	}
-	if strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, unsafeInURL) {
 		return "", 0, "", errors.New("url holds a space or control character")
 	}
 	if strings.ContainsAny(s, "@#") {
@@ -135,6 +137,15 @@ func RequestedURL(s string) (host string, port uint16, url string, err error) {
 		authority += ":" + strconv.Itoa(int(q.Port))
 	}
 	return q.Host, q.Port, scheme + "://" + authority + q.Path, nil
+}
+
+// unsafeInURL reports a character a member's url may not hold anywhere:
+// white space and every control, format (bidi, zero-width) and separator
+// character, Unicode's as well as ASCII's. url.Parse passes them through
+// in a query, and the url is shown to a person and kept in the records.
+func unsafeInURL(r rune) bool {
+	return r <= ' ' || r == 0x7f || unicode.IsControl(r) || unicode.IsSpace(r) ||
+		unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Zs, unicode.Co, unicode.Cs)
 }
 
 // Bound is one end of what members may ask for of a resource: a number,

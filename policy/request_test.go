@@ -285,6 +285,34 @@ func TestBrokerResourcesBounds(t *testing.T) {
 	}
 }
 
+// Two containers under one member name (replicas with one airlock.source
+// label, or a container recreated under its name) ask for the same limits:
+// each gets its own approval, and allowing one changes that container's
+// limits, never the other's.
+func TestBrokerRequestsOfOtherContainersDoNotShare(t *testing.T) {
+	b, _, grants, _ := newRequestBroker(t, "", nil)
+	first, err := b.Request(AskRequest{Kind: AskResources, Source: "worker", MemberID: "c1", MemoryMB: 2048, Reason: "build"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := b.Request(AskRequest{Kind: AskResources, Source: "worker", MemberID: "c2", MemoryMB: 2048, Reason: "build"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.ID() == second.ID() {
+		t.Fatalf("the second container's request joined the first's approval %s", first.ID())
+	}
+	if _, err := b.Decide(second.ID(), Choice{Action: ResolveAllow}); err != nil {
+		t.Fatal(err)
+	}
+	if len(*grants) != 1 || (*grants)[0].MemberID != "c2" {
+		t.Errorf("granted %+v, want the limits of c2, the container that asked", *grants)
+	}
+	if _, done := first.Outcome(); done {
+		t.Error("allowing the second container's request decided the first's")
+	}
+}
+
 // Each kind carries its own fields and no others.
 func TestBrokerRequestFields(t *testing.T) {
 	b, _, _, _ := newRequestBroker(t, "", nil)
@@ -400,6 +428,15 @@ func TestRequestedURL(t *testing.T) {
 		{in: "https://3405803783/", err: "not a host name"},
 		{in: "https://example.com:0/", err: "bad port"},
 		{in: "https://" + strings.Repeat("a", 2100) + ".com/", err: "longer than 2048"},
+		// Unicode controls, bidi and line separators are as refused as
+		// ASCII ones, wherever they stand (the query is not re-encoded).
+		{in: "https://example.com/x?q=\u202egpj.exe", err: "space or control"},
+		{in: "https://example.com/?a=\u0085b", err: "space or control"},
+		{in: "https://example.com/?a=\u2028b", err: "space or control"},
+		{in: "https://example.com/?a=\u200bb", err: "space or control"},
+		{in: "https://example.com/?a=\u00a0b", err: "space or control"},
+		{in: "https://example.com/?a=\xffb", err: "space or control"},
+		{in: "https://example.com/?q=caf\u00e9", host: "example.com", port: 443, url: "https://example.com/?q=caf\u00e9"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in[:min(len(tt.in), 40)], func(t *testing.T) {
