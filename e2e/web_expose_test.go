@@ -30,7 +30,7 @@ func TestWebExposures(t *testing.T) {
 	if r := w.Run(cfg, "default", "client", 30*time.Second, "curl", "-sS", "-m", "15", "--retry", "50", "--retry-connrefused", "--retry-delay", "0", "--retry-max-time", "15", "http://"+addr+":8080/"); !strings.Contains(r.Stdout, "member") {
 		t.Fatalf("member to member: %d %q %q", r.Code, r.Stdout, r.Stderr)
 	}
-	row := `#member-rows tr[data-member="` + addr + `"]`
+	row := `#preview-member-rows tr[data-member="` + addr + `"]`
 	var text string
 	if err := chromedp.Run(ctx,
 		click(`.tabs button[data-tab="previews"]`),

@@ -113,7 +113,7 @@ async function openSandbox() {
   state.editing = false; state.settings = null; state.rows = []; state.sources.clear(); state.counts = { total: 0, allow: 0, deny: 0 }; state.queue = []; state.samples = []; state.pinned.clear();
   $("rows").replaceChildren(); $("session-rows").replaceChildren(); $("f-source").value = "";
   if (!$("tab-sessions").hidden) loadSessions();
-  $("exposure-rows").replaceChildren(); $("member-rows").replaceChildren();
+  $("exposure-rows").replaceChildren(); $("preview-member-rows").replaceChildren();
   if (!$("tab-previews").hidden) loadPreviews();
   $("har").href = "/api/v1" + sb("/requests.har");
   $("s-ca").href = "/api/v1" + sb("/ca.pem");
@@ -577,12 +577,12 @@ function exposureHref(url) {
 
 function renderMembers(list) {
   // A port being typed survives the refresh.
-  const typed = new Map([...$("member-rows").querySelectorAll("input[data-addr]")].map((i) => [i.dataset.addr, i.value]));
+  const typed = new Map([...$("preview-member-rows").querySelectorAll("input[data-addr]")].map((i) => [i.dataset.addr, i.value]));
   if (!list.length) {
-    $("member-rows").replaceChildren(el("tr", {}, el("td", { colspan: "4", class: "muted" }, "No live members in this sandbox.")));
+    $("preview-member-rows").replaceChildren(el("tr", {}, el("td", { colspan: "4", class: "muted" }, "No live members in this sandbox.")));
     return;
   }
-  $("member-rows").replaceChildren(...list.map((m) => {
+  $("preview-member-rows").replaceChildren(...list.map((m) => {
     const port = el("input", { type: "number", min: "1", max: "65535", step: "1", inputmode: "numeric", placeholder: "port", "data-addr": m.addr, "aria-label": "port of " + visibleText(m.name) + " to expose" });
     port.value = typed.get(m.addr) || "";
     return el("tr", { "data-member": m.addr },
