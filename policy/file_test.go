@@ -105,9 +105,10 @@ func TestLoadSpecFull(t *testing.T) {
 		},
 		MCPServers: []MCPServer{{Name: "slack", Transport: "stdio", Trust: TrustBuiltin}, {Name: "custom-tool", Transport: "sse", Trust: TrustUserAdded}},
 		Resources: Resources{
-			Agent:      Limits{MemoryMB: 2048, CPUs: 2, Pids: DefaultPids},
-			MCP:        Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs, Pids: DefaultPids},
-			RunTimeout: time.Hour,
+			Agent:         Limits{MemoryMB: 2048, CPUs: 2, Pids: DefaultPids},
+			MCP:           Limits{MemoryMB: DefaultMCPMemoryMB, CPUs: DefaultMCPCPUs, Pids: DefaultPids},
+			RunTimeout:    time.Hour,
+			BandwidthMbps: 50,
 		},
 	}
 	if diff := cmp.Diff(want, got, specOpts); diff != "" {
@@ -175,6 +176,9 @@ func TestParseSpecErrors(t *testing.T) {
 		{name: "mcp server twice", file: "bad-mcp-duplicate.yaml", want: []string{`:4: sandbox.mcp_servers[1].name: server "GitHub" is listed twice (first at line 3)`}},
 		{name: "negative cpus", file: "bad-cpus.yaml", want: []string{":3: sandbox.resources.mcp.cpus: -1 is out of range"}},
 		{name: "zero run timeout", file: "bad-run-timeout.yaml", want: []string{":3: sandbox.resources.run_timeout: 0 is out of range"}},
+		{name: "bandwidth too high", file: "bad-bandwidth.yaml", want: []string{":3: sandbox.resources.bandwidth_mbps: 20000 is out of range; want 0 to 10000"}},
+		{name: "bandwidth negative", file: "bad-bandwidth-negative.yaml", want: []string{":3: sandbox.resources.bandwidth_mbps: -1 is out of range; want 0 to 10000"}},
+		{name: "bandwidth fraction", file: "bad-bandwidth-type.yaml", want: []string{":3: sandbox.resources.bandwidth_mbps: want a whole number from 0 to 10000, got"}},
 		{name: "sessions without image", file: "bad-sessions-no-image.yaml", want: []string{":3: sandbox.sessions: missing image"}},
 		{name: "sessions as root", file: "bad-sessions-root.yaml", want: []string{`:4: sandbox.sessions.user: user "0:0": want a numeric UID:GID other than 0`}},
 		{name: "sessions env of airlock", file: "bad-sessions-env.yaml", want: []string{":4: sandbox.sessions.env[1]: AIRLOCK_TOKEN: AIRLOCK_ variables are airlock's own"}},

@@ -157,6 +157,10 @@ type Resources struct {
 	Agent      Limits
 	MCP        Limits
 	RunTimeout time.Duration // how long `airlock run` and launched members may run
+	// BandwidthMbps caps the sandbox's traffic through airlock in each
+	// direction, in megabits per second, in the kernel (netns.SetBandwidth);
+	// 0 means unlimited.
+	BandwidthMbps int
 }
 
 // Spec is what a sandbox policy file says, converted and validated: the
