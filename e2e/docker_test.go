@@ -138,7 +138,7 @@ func TestDocker(t *testing.T) {
 	var d *testworld.Daemon
 	t.Cleanup(func() {
 		// After the daemon's own cleanup kills it (cleanups run last first).
-		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-outsider e2e-sleeper e2e-dns1 e2e-dns2 2>/dev/null").Run()
+		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-outsider e2e-sleeper e2e-dns1 e2e-dns2 e2e-artifacts e2e-stranger 2>/dev/null").Run()
 		exec.Command("sh", "-c", "docker ps -aq --filter network=airlock-"+dk1+" | xargs -r docker rm -f; docker network rm airlock-"+dk1+" airlock-"+dk2+" airlock-e2e-stale").Run()
 		if d != nil {
 			if out, err := d.Teardown(); err != nil {
@@ -367,6 +367,10 @@ func TestDocker(t *testing.T) {
 				t.Errorf("launched member's host config lacks %s: %s", want, hc)
 			}
 		}
+	})
+
+	t.Run("a member's workspace as an archive and its output as a log", func(t *testing.T) {
+		testMemberOutput(t, w, token)
 	})
 
 	t.Run("a restarted airlockd re-adopts running members", func(t *testing.T) {

@@ -73,7 +73,7 @@ type tarEntry struct {
 	Body     string
 }
 
-func makeTar(t *testing.T, entries []tarEntry, extra func(*tar.Header)) []byte {
+func makeTar(t testing.TB, entries []tarEntry, extra func(*tar.Header)) []byte {
 	t.Helper()
 	var b bytes.Buffer
 	tw := tar.NewWriter(&b)
