@@ -24,7 +24,7 @@ import (
 // stream into the page as text, a terminal escape shown, not acted on; a
 // download of /workspace/dist saves the member's files as a .tar.gz; a
 // path outside /workspace is refused in the row, by the page and, for a
-// link out of it, by airlockd.
+// link out of it, by airlockd. Every control of the view has a name.
 func TestWebDockerMembers(t *testing.T) {
 	w := rootWorld(t)
 	probeImage(t)
@@ -86,6 +86,7 @@ func TestWebDockerMembers(t *testing.T) {
 	if !strings.Contains(warn, `\x1b[31mred`) || raw {
 		t.Errorf("stderr line in the page: %q (a raw escape: %v); want the escape shown as \\x1b", warn, raw)
 	}
+	checkAccessible(t, ctx, "members")
 	// The logs follow: a later tick arrives.
 	var first string
 	chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector("#logs").lastChild.textContent`, &first))
