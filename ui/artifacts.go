@@ -188,8 +188,8 @@ func copyArchive(dst io.Writer, src io.Reader, base string) error {
 		if !underBase(h.Name, base) || h.Typeflag == tar.TypeLink && !underBase(h.Linkname, base) {
 			return fmt.Errorf("the member's archive holds an entry outside %s: %q", base, h.Name)
 		}
-		out := &tar.Header{Typeflag: h.Typeflag, Name: h.Name, Linkname: h.Linkname, Mode: h.Mode & 0o777,
-			ModTime: h.ModTime, Format: tar.FormatPAX}
+		// The writer picks the format the names and times need.
+		out := &tar.Header{Typeflag: h.Typeflag, Name: h.Name, Linkname: h.Linkname, Mode: h.Mode & 0o777, ModTime: h.ModTime}
 		if h.Typeflag == tar.TypeReg {
 			out.Size = h.Size
 		}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"path"
@@ -111,8 +112,14 @@ func readArchive(body []byte) ([]tarEntry, error) {
 		if err != nil {
 			return out, err
 		}
-		if h.Uid != 0 || h.Uname != "" || len(h.PAXRecords) != 0 {
-			return out, errors.New("owner or PAX records passed on: " + h.Name)
+		if h.Uid != 0 || h.Uname != "" {
+			return out, errors.New("owner passed on: " + h.Name)
+		}
+		for k := range h.PAXRecords {
+			// The writer's own, for a long name; nothing of the source's.
+			if k != "path" && k != "linkpath" {
+				return out, fmt.Errorf("PAX record %s passed on: %s", k, h.Name)
+			}
 		}
 		b, err := io.ReadAll(tr)
 		if err != nil {
@@ -195,6 +202,7 @@ func TestArchiveDownload(t *testing.T) {
 		{tar.TypeSymlink, "dist/latest", "app", 0o777, ""},
 		{tar.TypeSymlink, "dist/etc", "/etc", 0o777, ""},
 		{tar.TypeLink, "dist/again", "dist/notes.txt", 0o644, ""},
+		{tar.TypeReg, "dist/latin1-\xe9t\xe9-" + strings.Repeat("long", 30), "", 0o644, "name not UTF-8"},
 		{tar.TypeChar, "dist/null", "", 0o666, ""},
 		{tar.TypeFifo, "dist/pipe", "", 0o644, ""},
 	}, func(h *tar.Header) { h.PAXRecords = map[string]string{"SCHILY.xattr.security.capability": "x"} })
@@ -218,6 +226,7 @@ func TestArchiveDownload(t *testing.T) {
 		{tar.TypeSymlink, "dist/latest", "app", 0o777, ""},
 		{tar.TypeSymlink, "dist/etc", "/etc", 0o777, ""},
 		{tar.TypeLink, "dist/again", "dist/notes.txt", 0o644, ""},
+		{tar.TypeReg, "dist/latin1-\xe9t\xe9-" + strings.Repeat("long", 30), "", 0o644, "name not UTF-8"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("archive entries (-want +got):\n%s", diff)

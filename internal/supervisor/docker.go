@@ -366,7 +366,9 @@ func (d *Daemon) RemoveContainer(sandbox, id string) error {
 	return err
 }
 
-// The ui.MemberOutput methods.
+// The ui.MemberOutput methods. ui finds them by a type assertion on
+// Containers; this keeps them from going missing unnoticed.
+var _ ui.MemberOutput = (*Daemon)(nil)
 
 func (d *Daemon) Archive(ctx context.Context, sandbox, id, path string) (io.ReadCloser, error) {
 	rc, err := d.docker.Archive(ctx, sandbox, id, path)
