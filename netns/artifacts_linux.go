@@ -26,6 +26,11 @@ const maxWorkspaceDepth = 64
 // made by airlock for it. Anything else is errdefs.NotFound, as a
 // container of another sandbox must look the same as none at all.
 func (d *Docker) member(ctx context.Context, sandbox, id string) (container.InspectResponse, error) {
+	// An ID or a name, nothing the engine's URL would read as more of
+	// the path ("..") or a query.
+	if len(id) > containerNameMaxLen || !containerName.MatchString(id) {
+		return container.InspectResponse{}, errdefs.NotFound(fmt.Errorf("no container %q: want a container's ID or name", id))
+	}
 	info, err := d.cli.ContainerInspect(ctx, id)
 	if err != nil {
 		return info, err
