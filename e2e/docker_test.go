@@ -140,7 +140,7 @@ func TestDocker(t *testing.T) {
 	var d *testworld.Daemon
 	t.Cleanup(func() {
 		// After the daemon's own cleanup kills it (cleanups run last first).
-		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-outsider e2e-sleeper e2e-dns1 e2e-dns2 e2e-web 2>/dev/null").Run()
+		exec.Command("sh", "-c", "docker rm -f $(docker ps -aq --filter label=airlock.sandbox="+dk1+" --filter label=airlock.sandbox="+dk2+") e2e-plain e2e-untrusted e2e-unknown e2e-fetch e2e-keeper e2e-outsider e2e-sleeper e2e-dns1 e2e-dns2 e2e-web e2e-artifacts e2e-stranger 2>/dev/null").Run()
 		exec.Command("sh", "-c", "docker ps -aq --filter network=airlock-"+dk1+" | xargs -r docker rm -f; docker network rm airlock-"+dk1+" airlock-"+dk2+" airlock-e2e-stale").Run()
 		if d != nil {
 			if out, err := d.Teardown(); err != nil {
@@ -416,6 +416,10 @@ func TestDocker(t *testing.T) {
 			t.Error("the exposure of a removed container still answers")
 		}
 		waitRecord(t, token, dk1, "exposure", "web", func(e audit.Entry) bool { return e.Action == "closed" && e.Reason == "member ended" })
+	})
+
+	t.Run("a member's workspace as an archive and its output as a log", func(t *testing.T) {
+		testMemberOutput(t, w, token)
 	})
 
 	t.Run("a restarted airlockd re-adopts running members", func(t *testing.T) {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -36,6 +37,8 @@ import (
 //	                   the proxy ends the connection
 //	dns SERVER NAME    one A query over UDP (2 s); print the addresses, or
 //	                   "dns failed: …" (a stand-in for dig +short)
+//	rate get URL       download URL; print "rate BYTES SECONDS MBIT/S"
+//	rate post URL N    upload N bytes to URL (the world's /sink); the same
 //
 // and the benchmarks' load: conns, hold-tls, first-bytes (see
 // each case).
@@ -187,6 +190,40 @@ func TestMemberHelper(t *testing.T) {
 			resp.Body.Close()
 			fmt.Printf("fb %s %d\n", req.URL.Hostname(), first.UnixNano())
 		}
+	case "rate":
+		// The time from the request to the end of the transfer: a burst
+		// the queues let through at first counts, and is small against
+		// the megabytes the tests move.
+		client := &http.Client{Timeout: 120 * time.Second}
+		var n int64
+		start := time.Now()
+		var resp *http.Response
+		var err error
+		if args[1] == "post" {
+			size, _ := strconv.ParseInt(args[3], 10, 64)
+			n = size
+			resp, err = client.Post(args[2], "application/octet-stream", io.LimitReader(zeros{}, size))
+		} else {
+			resp, err = client.Get(args[2])
+		}
+		if err != nil {
+			fmt.Println("rate error:", err)
+			os.Exit(1)
+		}
+		var body bytes.Buffer
+		got, err := io.Copy(&body, io.LimitReader(resp.Body, 64))
+		if err == nil && args[1] != "post" {
+			var rest int64
+			rest, err = io.Copy(io.Discard, resp.Body)
+			n = got + rest
+		}
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || args[1] == "post" && body.String() != fmt.Sprintf("got %d", n) {
+			fmt.Printf("rate error: %s %q %v\n", resp.Status, body.String(), err)
+			os.Exit(1)
+		}
+		secs := time.Since(start).Seconds()
+		fmt.Printf("rate %d %.3f %.2f\n", n, secs, float64(n)*8/secs/1e6)
 	case "timed-get":
 		// timed-get URL: prints "sent <unix ns>" and, when the response is
 		// in, "done <unix ns> <status> <body>".
@@ -349,6 +386,14 @@ func TestMemberHelper(t *testing.T) {
 		time.Sleep(time.Duration(secs) * time.Second) // not a wait: the member listens this long
 	}
 	os.Exit(0)
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // holdOne opens a TLS connection to u's host, trusting SSL_CERT_FILE,

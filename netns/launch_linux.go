@@ -286,13 +286,9 @@ func (d *Docker) Wait(ctx context.Context, id string, timeout time.Duration) (Re
 // Remove stops and removes a container of the sandbox. It refuses a
 // container that is not on the sandbox's network nor made for it.
 func (d *Docker) Remove(ctx context.Context, sandbox, id string) error {
-	info, err := d.cli.ContainerInspect(ctx, id)
+	info, err := d.member(ctx, sandbox, id)
 	if err != nil {
 		return err
-	}
-	_, onNet := info.NetworkSettings.Networks[DockerNetworkName(sandbox)]
-	if !onNet && info.Config.Labels[LabelSandbox] != sandbox {
-		return errdefs.NotFound(fmt.Errorf("container %s is not in sandbox %s", id, sandbox))
 	}
 	return d.cli.ContainerRemove(ctx, info.ID, container.RemoveOptions{Force: true})
 }

@@ -29,6 +29,10 @@ const (
 	maxMemberLen  = 255
 )
 
+// MaxBandwidthMbps bounds resources.bandwidth_mbps: 10 Gbit/s, which a
+// kernel token bucket's 32-bit byte rate still holds.
+const MaxBandwidthMbps = 10000
+
 // FileError is a problem at one place in a policy file. ParseSpec and
 // LoadSpec return it for every problem with the file's content; errors.Is
 // sees through it (ErrBroad for a pattern that needs "force: true").
@@ -745,6 +749,12 @@ func (d *decoder) resources(path string, n *yaml.Node, r *Resources) error {
 		"run_timeout": func(p string, v *yaml.Node) error {
 			secs, err := d.int(p, v, 1, int64(maxRunTimeout/time.Second))
 			r.RunTimeout = time.Duration(secs) * time.Second
+			return err
+		},
+		"bandwidth_mbps": func(p string, v *yaml.Node) error {
+			// 0 says "unlimited" as plainly as leaving the key out.
+			n, err := d.int(p, v, 0, MaxBandwidthMbps)
+			r.BandwidthMbps = int(n)
 			return err
 		},
 		"bounds": func(p string, v *yaml.Node) error {

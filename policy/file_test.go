@@ -114,6 +114,7 @@ func TestLoadSpecFull(t *testing.T) {
 				MemoryMB: Range{Min: Bound{Value: DefaultMinMemoryMB}, Max: Bound{Host: true}},
 				Pids:     Range{Min: Bound{Value: 20}, Max: Bound{Value: 500}},
 			},
+			BandwidthMbps: 50,
 		},
 	}
 	if diff := cmp.Diff(want, got, specOpts); diff != "" {
@@ -186,6 +187,9 @@ func TestParseSpecErrors(t *testing.T) {
 		{name: "bounds value", file: "bad-bounds-value.yaml", want: []string{`:4: sandbox.resources.bounds.cpus.max: want a number from 0.01 to 1024, or host, got the string "lots"`}},
 		{name: "bounds fraction of a MB", file: "bad-bounds-fraction.yaml", want: []string{`:4: sandbox.resources.bounds.memory_mb.min: want a whole number from 4 to 1048576, or host`}},
 		{name: "bounds unknown key", file: "bad-bounds-key.yaml", want: []string{":4: sandbox.resources.bounds.disk_mb: unknown key; want one of cpus, memory_mb, pids"}},
+		{name: "bandwidth too high", file: "bad-bandwidth.yaml", want: []string{":3: sandbox.resources.bandwidth_mbps: 20000 is out of range; want 0 to 10000"}},
+		{name: "bandwidth negative", file: "bad-bandwidth-negative.yaml", want: []string{":3: sandbox.resources.bandwidth_mbps: -1 is out of range; want 0 to 10000"}},
+		{name: "bandwidth fraction", file: "bad-bandwidth-type.yaml", want: []string{":3: sandbox.resources.bandwidth_mbps: want a whole number from 0 to 10000, got"}},
 		{name: "sessions without image", file: "bad-sessions-no-image.yaml", want: []string{":3: sandbox.sessions: missing image"}},
 		{name: "sessions as root", file: "bad-sessions-root.yaml", want: []string{`:4: sandbox.sessions.user: user "0:0": want a numeric UID:GID other than 0`}},
 		{name: "sessions env of airlock", file: "bad-sessions-env.yaml", want: []string{":4: sandbox.sessions.env[1]: AIRLOCK_TOKEN: AIRLOCK_ variables are airlock's own"}},

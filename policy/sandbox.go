@@ -26,6 +26,12 @@ type SandboxConfig struct {
 	// UnnamedUntrusted makes a member known only by its bare address (no
 	// lease, no container: airlock could not name it) user_added.
 	UnnamedUntrusted bool
+	// OnResources, when set, hears the resources of every policy put in
+	// force, the first one in OpenSandbox included, in order: whoever
+	// enforces them outside the policy (the kernel's bandwidth limits)
+	// follows every reload and edit. It is called with the Sandbox's lock
+	// held and must not call the Sandbox.
+	OnResources func(Resources)
 }
 
 // Sandbox is one sandbox's policy: the settings and rules of its policy file,
@@ -37,6 +43,7 @@ type Sandbox struct {
 	now  func() time.Time
 	// unnamedUntrusted: see SandboxConfig.UnnamedUntrusted.
 	unnamedUntrusted bool
+	onResources      func(Resources)
 
 	rs         atomic.Pointer[Ruleset]
 	inspectAll atomic.Bool
@@ -72,7 +79,7 @@ func OpenSandbox(cfg SandboxConfig) (*Sandbox, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Sandbox{name: cfg.Name, path: cfg.Path, now: cfg.Now, unnamedUntrusted: cfg.UnnamedUntrusted}
+	s := &Sandbox{name: cfg.Name, path: cfg.Path, now: cfg.Now, unnamedUntrusted: cfg.UnnamedUntrusted, onResources: cfg.OnResources}
 	spec, err := loadOrDefault(cfg.Path)
 	if err != nil {
 		return nil, err
@@ -457,6 +464,9 @@ func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
 		s.learnUntil = s.now().Add(DefaultLearnFor)
 	}
 	s.spec, s.session = spec, session
+	if s.onResources != nil {
+		s.onResources(spec.Resources)
+	}
 	s.inspectAll.Store(spec.Inspect == InspectAll)
 	s.allowECH.Store(spec.AllowECH)
 	trust := make(map[string]Trust, len(spec.MCPServers))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -394,5 +395,48 @@ func TestSandboxHighRiskServerIsAskedEachRequest(t *testing.T) {
 	s3, _ := openTestSandbox(t, "sandbox:\n  unknown_action: allow\n")
 	if d := s3.Decide(Query{Source: "mcp:browserbase", Host: "any.example", Port: 443, Method: "GET", Path: "/"}); d.Verdict != Ask {
 		t.Errorf("browserbase in an allow-all sandbox: %v, want ask: high-risk servers are never let through unasked", d)
+	}
+}
+
+// TestSandboxOnResourcesFollowsThePolicyInForce: whoever enforces the
+// resources outside the policy hears each policy put in force (opened,
+// reloaded, restricted by a poll, re-read by an edit) and not one that is
+// refused.
+func TestSandboxOnResourcesFollowsThePolicyInForce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("sandbox:\n  resources: {bandwidth_mbps: 20}\n")
+	var got []int
+	s, err := OpenSandbox(SandboxConfig{Name: "myapp", Path: path, OnResources: func(r Resources) { got = append(got, r.BandwidthMbps) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("sandbox:\n  resources: {bandwidth_mbps: 5}\n")
+	if err := s.ReloadRestricting(); err != nil {
+		t.Fatalf("lowering the bandwidth is a restriction: %v", err)
+	}
+	write("sandbox:\n  resources: {}\n")
+	var we *WidensError
+	if err := s.ReloadRestricting(); !errors.As(err, &we) {
+		t.Fatalf("lifting the bandwidth cap on a poll: %v, want a WidensError", err)
+	}
+	write("sandbox:\n  resources: {bandwidth_mbps: 1x}\n")
+	if err := s.Reload(); err == nil {
+		t.Fatal("a broken file reloaded")
+	}
+	write("sandbox:\n  resources: {}\n")
+	if err := s.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Add(AddRequest{Pattern: "api.example.com", List: Allowlist, Persist: true}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{20, 5, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("OnResources heard bandwidths %v, want %v", got, want)
 	}
 }

@@ -161,6 +161,10 @@ type Resources struct {
 	// Bounds are what members may ask for through the member API
 	// (resources.bounds); DefaultBounds when the file names none.
 	Bounds ResourceBounds
+	// BandwidthMbps caps the sandbox's traffic through airlock in each
+	// direction, in megabits per second, in the kernel (netns.SetBandwidth);
+	// 0 means unlimited.
+	BandwidthMbps int
 }
 
 // Spec is what a sandbox policy file says, converted and validated: the

@@ -18,9 +18,11 @@ import (
 // (auto or user, compared by pattern and member) in next and not in old; a
 // deny rule in old and not in next; an MCP server added, its trust raised
 // (user_added < verified < builtin), or its image or command changed;
-// sessions turned on, or their image, command, env or user changed.
-// Everything else (approval_timeout, resources, sources and times of rules,
-// order, comments) is not counted.
+// sessions turned on, or their image, command, env or user changed;
+// resources.bandwidth_mbps raised or lifted (a member that can write the
+// file must not lift its own cap unattended).
+// Everything else (approval_timeout, the other resources, sources and
+// times of rules, order, comments) is not counted.
 func Widens(old, next *Spec) []string {
 	var out []string
 	if !old.Enabled && next.Enabled {
@@ -75,7 +77,18 @@ func Widens(old, next *Spec) []string {
 			out = append(out, fmt.Sprintf("MCP server %s: command %q → %q", m.Name, o.Command, m.Command))
 		}
 	}
+	if o, n := old.Resources.BandwidthMbps, next.Resources.BandwidthMbps; o != 0 && (n == 0 || n > o) {
+		out = append(out, fmt.Sprintf("resources.bandwidth_mbps: %d → %s", o, bandwidthText(n)))
+	}
 	return append(out, sessionsWiden(old.Sessions, next.Sessions)...)
+}
+
+// bandwidthText names a bandwidth_mbps value in a widening message.
+func bandwidthText(mbps int) string {
+	if mbps == 0 {
+		return "unlimited"
+	}
+	return fmt.Sprint(mbps)
 }
 
 // actionRank orders unknown actions by how much they let through.

@@ -40,6 +40,7 @@ sandbox:
       trust: verified
   resources:
     run_timeout: 300
+    bandwidth_mbps: 20
 `
 
 func TestWidens(t *testing.T) {
@@ -71,6 +72,11 @@ func TestWidens(t *testing.T) {
 `}},
 		{name: "auto rule moved to user", edits: []string{"      - api.anthropic.com\n", "      []\n", "    user:\n", "    user:\n      - pattern: api.anthropic.com\n"}},
 		{name: "not security relevant", edits: []string{"approval_timeout: 30", "approval_timeout: 600", "run_timeout: 300", "run_timeout: 3000"}},
+		{name: "restrict: bandwidth lowered", edits: []string{"bandwidth_mbps: 20", "bandwidth_mbps: 5"}},
+		{name: "restrict: bandwidth capped", old: strings.Replace(widenBase, "    bandwidth_mbps: 20\n", "", 1)},
+		{name: "bandwidth raised", edits: []string{"bandwidth_mbps: 20", "bandwidth_mbps: 100"}, want: []string{"resources.bandwidth_mbps: 20 → 100"}},
+		{name: "bandwidth lifted", edits: []string{"    bandwidth_mbps: 20\n", ""}, want: []string{"resources.bandwidth_mbps: 20 → unlimited"}},
+		{name: "bandwidth 0 is unlimited", edits: []string{"bandwidth_mbps: 20", "bandwidth_mbps: 0"}, want: []string{"resources.bandwidth_mbps: 20 → unlimited"}},
 		{name: "restrict: disabled", edits: []string{"enabled: true", "enabled: false"}},
 		{name: "allow_ech turned on", edits: []string{"enabled: true", "enabled: true\n  allow_ech: true"}, want: []string{"allow_ech: false → true"}},
 		{name: "allow_ech turned off", old: strings.Replace(widenBase, "enabled: true", "enabled: true\n  allow_ech: true", 1), edits: []string{"enabled: true", "enabled: true\n  allow_ech: false"}},
@@ -111,7 +117,7 @@ func TestWidens(t *testing.T) {
 		{name: "several", edits: []string{"unknown_action: ask", "unknown_action: allow", "    - pattern: \"paste.example.com\"\n", ""},
 			want: []string{"unknown_action: ask → allow", "deny rule removed: paste.example.com"}},
 		{name: "missing file is the default", old: widenBase, edits: []string{widenBase, ""},
-			want: []string{"inspect: all → needed", "deny rule removed: pastebin.com", "deny rule removed: paste.example.com"}},
+			want: []string{"inspect: all → needed", "deny rule removed: pastebin.com", "deny rule removed: paste.example.com", "resources.bandwidth_mbps: 20 → unlimited"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

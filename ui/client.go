@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -144,4 +145,87 @@ func (c *Client) Events(ctx context.Context, sandbox string, ready func() error,
 		return nil
 	}
 	return sc.Err()
+}
+
+// Open sends a GET for path (under /api/v1) and returns the response, for
+// answers read as they come: an archive, an event stream. It has no time
+// limit of its own; ctx ends it. The caller closes the body. A status of
+// 300 or more is an *APIError.
+func (c *Client) Open(ctx context.Context, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", c.base+"/api/v1"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	hc := *c.http
+	hc.Timeout = 0
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach airlockd at %s: %w (is it running? see --api and --config)", c.base, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		ae := &APIError{Status: resp.StatusCode}
+		if json.Unmarshal(b, ae) != nil || ae.Message == "" {
+			ae.Message = fmt.Sprintf("airlockd answered %s", resp.Status)
+		}
+		return nil, ae
+	}
+	return resp, nil
+}
+
+// Logs reads a Docker member's output (GET …/containers/ID/logs) and calls
+// f for each line, until the output ends (with q.Follow: until the member
+// ends) or ctx does.
+func (c *Client) Logs(ctx context.Context, sandbox, id string, q LogQuery, f func(LogLine)) error {
+	v := url.Values{}
+	if q.Follow {
+		v.Set("follow", "1")
+	}
+	if q.Tail == 0 {
+		v.Set("tail", "all")
+	} else {
+		v.Set("tail", fmt.Sprint(q.Tail))
+	}
+	resp, err := c.Open(ctx, "/sandboxes/"+url.PathEscape(sandbox)+"/containers/"+url.PathEscape(id)+"/logs?"+v.Encode())
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 8*MaxLogLine+4096) // a line of \u escapes
+	event := ""
+	for sc.Scan() {
+		line := sc.Text()
+		if e, ok := strings.CutPrefix(line, "event: "); ok {
+			event = e
+			continue
+		}
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		if event == "end" {
+			var end struct {
+				Error string `json:"error"`
+			}
+			json.Unmarshal([]byte(data), &end)
+			if end.Error != "" {
+				return errors.New(end.Error)
+			}
+			return nil
+		}
+		var l LogLine
+		if json.Unmarshal([]byte(data), &l) == nil {
+			f(l)
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return errors.New("the log stream broke off before its end")
 }

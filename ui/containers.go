@@ -65,6 +65,8 @@ func (s *Server) containerRoutes(sb *echo.Group) {
 	sb.POST("/containers", s.startContainer)
 	sb.GET("/containers/:id/wait", s.waitContainer)
 	sb.DELETE("/containers/:id", s.removeContainer)
+	sb.GET("/containers/:id/archive", s.containerArchive) // artifacts.go
+	sb.GET("/containers/:id/logs", s.containerLogs)
 }
 
 func (s *Server) containers() (Containers, error) {

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"compress/gzip"
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -25,6 +28,13 @@ const dockerUsage = `usage:
       -d              start it and print its ID, without waiting
   airlock docker ps SANDBOX                  the sandbox's containers and their sources
   airlock docker rm SANDBOX CONTAINER        stop and remove a container of the sandbox
+  airlock docker cp SANDBOX CONTAINER:/workspace/PATH DEST
+      copy a file or directory from under a member's /workspace to DEST (into
+      it when it is a directory, else as DEST); - writes the tar.gz to stdout.
+      Entries that would land or link outside DEST, and devices, are refused
+  airlock docker logs [-f] [--tail N] SANDBOX CONTAINER
+      a member's output (-f: follow it until the member ends); a member's
+      control characters are shown escaped
 `
 
 type multiFlag []string
@@ -57,12 +67,17 @@ func cmdDocker(args []string) int {
 		fs.Var(&env, "env", "KEY=VALUE for the member (repeatable)")
 		fs.BoolVar(&detach, "d", false, "start it and print its ID without waiting")
 	}
+	var lq ui.LogQuery
+	if sub == "logs" {
+		fs.BoolVar(&lq.Follow, "f", false, "follow the output until the member ends")
+		fs.IntVar(&lq.Tail, "tail", 0, "start with the last N lines (default: all)")
+	}
 	// Flags stop at SANDBOX: what follows IMAGE is the member's command.
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
 	pos := fs.Args()
-	want := map[string][2]int{"run": {2, -1}, "ps": {1, 1}, "rm": {2, 2}}[sub]
+	want := map[string][2]int{"run": {2, -1}, "ps": {1, 1}, "rm": {2, 2}, "cp": {3, 3}, "logs": {2, 2}}[sub]
 	if want == [2]int{} || len(pos) < want[0] || want[1] >= 0 && len(pos) > want[1] {
 		fmt.Fprint(stderr, dockerUsage)
 		return 2
@@ -92,6 +107,13 @@ func cmdDocker(args []string) int {
 			return 0, nil
 		case "rm":
 			return 0, c.Do(ctx, "DELETE", sbPath(pos[0], "/containers/"+pos[1]), nil, nil)
+		case "cp":
+			return dockerCp(ctx, c, pos[0], pos[1], pos[2])
+		case "logs":
+			if lq.Tail < 0 {
+				return 2, fmt.Errorf("--tail %d: want a number of lines, 0 for all", lq.Tail)
+			}
+			return dockerLogs(ctx, c, cm.json, pos[0], pos[1], lq)
 		}
 		req.Image, req.Cmd, req.Env = pos[1], pos[2:], env
 		var m ui.Container
@@ -129,4 +151,68 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// dockerCp copies SRC (CONTAINER:/workspace/PATH) of a member to dest: the
+// archive route's tar.gz, unpacked by ui.UnpackArchive, or as it comes
+// for "-".
+func dockerCp(ctx context.Context, c *ui.Client, sandbox, src, dest string) (int, error) {
+	id, p, ok := strings.Cut(src, ":")
+	if !ok || id == "" {
+		return 2, fmt.Errorf("%q: want CONTAINER:/workspace/PATH", src)
+	}
+	if err := ui.CheckWorkspacePath(p); err != nil {
+		return 2, err
+	}
+	resp, err := c.Open(ctx, sbPath(sandbox, "/containers/"+url.PathEscape(id)+"/archive?path="+url.QueryEscape(p)))
+	if err != nil {
+		return 1, err
+	}
+	defer resp.Body.Close()
+	if dest == "-" {
+		// The archive itself, for a file or a pipe: bytes, not text.
+		if _, err := io.Copy(os.Stdout, resp.Body); err != nil {
+			return 1, fmt.Errorf("the archive was cut short: %w", err)
+		}
+		return 0, nil
+	}
+	gz, err := gzip.NewReader(resp.Body)
+	if err != nil {
+		return 1, fmt.Errorf("the archive is not gzip: %w", err)
+	}
+	n, err := ui.UnpackArchive(gz, dest)
+	if err == nil {
+		// To the gzip trailer: its checksum, and that airlockd did not
+		// cut the archive short.
+		_, err = io.Copy(io.Discard, gz)
+	}
+	if err != nil {
+		return 1, fmt.Errorf("%s: %w (what was unpacked before stays in %s)", src, err, dest)
+	}
+	fmt.Fprintf(stdout, "copied %s:%s to %s (%d entries)\n", v(id), v(p), v(dest), n)
+	return 0, nil
+}
+
+// dockerLogs prints a member's output: its standard output on stdout, its
+// standard error on stderr, escaped for the terminal.
+func dockerLogs(ctx context.Context, c *ui.Client, asJSON bool, sandbox, id string, q ui.LogQuery) (int, error) {
+	err := c.Logs(ctx, sandbox, id, q, func(l ui.LogLine) {
+		if asJSON {
+			printJSON(l)
+			return
+		}
+		w := stdout
+		if l.Stream == "stderr" {
+			w = stderr
+		}
+		end := "\n"
+		if l.Partial {
+			end = ""
+		}
+		io.WriteString(w, l.Line+end)
+	})
+	if err != nil {
+		return 1, err
+	}
+	return 0, nil
 }

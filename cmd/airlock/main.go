@@ -29,7 +29,8 @@ const usage = `usage:
       run CMD in the sandbox: its own network namespace on the sandbox bridge,
       DNS through the gate, the sandbox CA trusted, no capabilities; exits with
       CMD's exit code
-  airlock docker run|ps|rm ...               hardened Docker members (airlock docker for help)
+  airlock docker run|ps|rm|cp|logs ...       hardened Docker members, their files and output
+                                             (airlock docker for help)
   airlock ls [SANDBOX]                       sandboxes, or one sandbox's rules
   airlock allow SANDBOX PATTERN [--save] [--force] [--member M]
   airlock deny SANDBOX PATTERN [--save] [--member M]

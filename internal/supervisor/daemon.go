@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
@@ -87,6 +88,9 @@ type sandbox struct {
 	exposures exposureSet
 	// policyFP is the policy file as last read; d.mu guards it.
 	policyFP fingerprint
+	// bandwidth is the bandwidth limit last put on the bridge, in Mbit/s
+	// (0: none).
+	bandwidth atomic.Int64
 	// held says how the policy file widens access, when a poll kept it
 	// out of force until a person reloads; d.mu guards it.
 	held []string
@@ -350,7 +354,19 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 	}
 	// Before the file is read: an edit in between is then seen as a change.
 	s.policyFP = fingerprintOf(sb.Policy)
-	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy, UnnamedUntrusted: true}); err != nil {
+	// The kernel's bandwidth limit follows every policy put in force:
+	// reloads, polls and edits through the API.
+	follow := func(r policy.Resources) {
+		if err := d.setBandwidth(s, r.BandwidthMbps); err != nil {
+			d.log.Error("bandwidth limit not applied", "sandbox", sb.Name, "bandwidth_mbps", r.BandwidthMbps, "err", err)
+		}
+	}
+	if s.policy, err = policy.OpenSandbox(policy.SandboxConfig{Name: sb.Name, Path: sb.Policy, UnnamedUntrusted: true, OnResources: follow}); err != nil {
+		return err
+	}
+	// A limit the kernel does not take fails the start, as its rules
+	// would.
+	if err = d.setBandwidth(s, s.policy.Spec().Resources.BandwidthMbps); err != nil {
 		return err
 	}
 	if d.docker != nil {
@@ -366,6 +382,18 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 		return err
 	}
 	s.closers = append(s.closers, s.journal.Close)
+	return nil
+}
+
+// setBandwidth puts a sandbox's bandwidth limit (0: none) on its bridge
+// and divert pair; a limit in place is left alone.
+func (d *Daemon) setBandwidth(s *sandbox, mbps int) error {
+	if err := s.net.SetBandwidth(d.h, mbps); err != nil {
+		return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
+	}
+	if old := s.bandwidth.Swap(int64(mbps)); old != int64(mbps) {
+		d.log.Info("bandwidth limit", "sandbox", s.cfg.Name, "bandwidth_mbps", mbps, "unlimited", mbps == 0)
+	}
 	return nil
 }
 

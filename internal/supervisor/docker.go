@@ -3,7 +3,9 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -361,6 +363,41 @@ func (d *Daemon) RemoveContainer(sandbox, id string) error {
 	err := d.docker.Remove(ctx, sandbox, id)
 	if errdefs.IsNotFound(err) {
 		return &ui.ManagerError{Msg: err.Error(), NotFound: true}
+	}
+	return err
+}
+
+// The ui.MemberOutput methods. ui finds them by a type assertion on
+// Containers; this keeps them from going missing unnoticed.
+var _ ui.MemberOutput = (*Daemon)(nil)
+
+func (d *Daemon) Archive(ctx context.Context, sandbox, id, path string) (io.ReadCloser, error) {
+	rc, err := d.docker.Archive(ctx, sandbox, id, path)
+	if err != nil {
+		return nil, memberError(err, "archives are read only under /workspace, and never through a symbolic link that leads out of it")
+	}
+	return rc, nil
+}
+
+func (d *Daemon) Logs(ctx context.Context, sandbox, id string, q ui.LogQuery, ready func() error, line func(ui.LogLine) error) error {
+	err := d.docker.Logs(ctx, sandbox, id, netns.LogOptions{Follow: q.Follow, Tail: q.Tail, MaxLine: ui.MaxLogLine}, ready,
+		func(stream string, text []byte, partial bool) error {
+			return line(ui.LogLine{Stream: stream, Line: string(text), Partial: partial})
+		})
+	return memberError(err, "")
+}
+
+// memberError makes the engine's and Archive's refusals the API's: a
+// container that is not the sandbox's, or a path that is not there, is
+// not found; a path outside the workspace is the request's fault.
+func memberError(err error, hint string) error {
+	switch {
+	case err == nil:
+		return nil
+	case errdefs.IsNotFound(err):
+		return &ui.ManagerError{Msg: err.Error(), NotFound: true, Hint: "airlock docker ps SANDBOX lists its containers"}
+	case errors.Is(err, netns.ErrOutsideWorkspace):
+		return &ui.ManagerError{Msg: err.Error(), Hint: hint}
 	}
 	return err
 }

@@ -135,6 +135,11 @@ func (d *Daemon) reload() (ui.ReloadResult, error) {
 		}
 		res.Reloaded = append(res.Reloaded, s.cfg.Name)
 		after := s.policy.Spec()
+		// Put in force by Reload already (OnResources); asked again to
+		// report a limit the kernel refused.
+		if err := d.setBandwidth(s, after.Resources.BandwidthMbps); err != nil {
+			res.Errors = append(res.Errors, err.Error())
+		}
 		if why := policy.Widens(&before, &after); len(why) > 0 {
 			res.Widened = append(res.Widened, s.cfg.Name+": "+strings.Join(why, "; "))
 			d.log.Warn("reload: policy file widens access; applied", "sandbox", s.cfg.Name, "policy", s.cfg.Policy, "widens", why)

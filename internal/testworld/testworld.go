@@ -242,7 +242,7 @@ func (w *World) tcpLogger(addr string) {
 // benchmarks make up by the thousand) and WebAddr (not badcert.test), writes the CA to w.CAFile, and logs every request
 // with its Host. "/" answers "internet"; "/bytes/N" answers N bytes, byte i
 // being i%251; any path ending in "/blob/N" answers N bytes as fast as it
-// can.
+// can; "/sink" reads the whole request body and answers "got N".
 func (w *World) webServers() {
 	// badcert.test resolves here too, but the certificate does not name it.
 	ca, leaf, err := testcerts.New([]string{"allowed.test", "api.allowed.test", "other.test", "*.bench.test"}, []net.IP{net.ParseIP(WebAddr)})
@@ -262,6 +262,11 @@ func (w *World) webServers() {
 				sni = " sni " + r.TLS.ServerName
 			}
 			w.record(fmt.Sprintf("%s %s ← %s: %s %s host %s%s", scheme, r.Context().Value(http.LocalAddrContextKey), r.RemoteAddr, r.Method, r.URL.Path, r.Host, sni))
+			if r.URL.Path == "/sink" {
+				n, _ := io.Copy(io.Discard, r.Body)
+				fmt.Fprintf(rw, "got %d", n)
+				return
+			}
 			if i := strings.Index(r.URL.Path, "/blob/"); i >= 0 {
 				n := r.URL.Path[i+len("/blob/"):]
 				// N bytes from one buffer, as fast as the server can write.

@@ -1,5 +1,6 @@
 // airlock's web page: the live monitor, the approval dialog, the allowlist
-// manager, the sessions, the previews and the settings of a sandbox. Plain JavaScript, no dependencies;
+// manager, the sessions, the previews, the Docker members (their logs and
+// workspace downloads) and the settings of a sandbox. Plain JavaScript, no dependencies;
 // every value from the server goes into the page as text, never as HTML.
 "use strict";
 
@@ -9,7 +10,7 @@ const state = {
   rows: [], sources: new Map(), counts: { total: 0, allow: 0, deny: 0 },
   queue: [], current: null, timer: null, follow: true, samples: [],
   editing: false, settings: null, returnFocus: null,
-  pinned: new Set(), sessionsTimer: null, previewsTimer: null,
+  pinned: new Set(), sessionsTimer: null, previewsTimer: null, logs: null,
 };
 const MAX_ROWS = 2000;
 
@@ -83,6 +84,7 @@ function selectTab(b) {
   if (b.dataset.tab === "proposal" && !$("proposal-rows").children.length) loadProposal();
   if (b.dataset.tab === "sessions") loadSessions();
   if (b.dataset.tab === "previews") loadPreviews();
+  if (b.dataset.tab === "members") loadMembers();
 }
 for (const b of tabs) {
   b.addEventListener("click", () => selectTab(b));
@@ -111,7 +113,9 @@ $("sandbox").addEventListener("change", () => { state.sandbox = $("sandbox").val
 async function openSandbox() {
   if (state.events) state.events.close();
   state.editing = false; state.settings = null; state.rows = []; state.sources.clear(); state.counts = { total: 0, allow: 0, deny: 0 }; state.queue = []; state.samples = []; state.pinned.clear();
-  $("rows").replaceChildren(); $("session-rows").replaceChildren(); $("f-source").value = "";
+  $("rows").replaceChildren(); $("session-rows").replaceChildren(); $("member-rows").replaceChildren(); $("f-source").value = "";
+  closeLogs();
+  if (!$("tab-members").hidden) loadMembers();
   if (!$("tab-sessions").hidden) loadSessions();
   $("exposure-rows").replaceChildren(); $("preview-member-rows").replaceChildren();
   if (!$("tab-previews").hidden) loadPreviews();
@@ -127,6 +131,7 @@ async function openSandbox() {
   state.events.addEventListener("exposure", () => { if (!$("tab-previews").hidden) loadPreviews(); });
   state.events.addEventListener("rule", () => { if (!$("tab-rules").hidden && !state.editing) loadRules(); });
   state.events.addEventListener("settings", () => { if (!$("tab-settings").hidden) loadSettings(); refreshLearn(); });
+  state.events.addEventListener("member", () => { if (!$("tab-members").hidden) loadMembers(); });
   $("proposal-rows").replaceChildren(); $("proposal-status").textContent = ""; $("proposal-save").disabled = true;
   refreshApprovals();
   refreshLearn();
@@ -689,6 +694,118 @@ async function cleanupSession(button, s) {
   await loadSessions();
   $("sessions-status").textContent = "Cleaned up " + s.member + ".";
 }
+
+// ---- Docker members ----
+// workspacePathError mirrors the archive route's check (ui.CheckWorkspacePath),
+// to say at once what is wrong with a path; the server checks it again.
+function workspacePathError(p) {
+  if (!p.startsWith("/")) return "write an absolute path under /workspace, such as /workspace/dist";
+  if (/[\u0000-\u001f\u007f-\u009f]/.test(p)) return "the path holds a control character";
+  const segs = p.split("/").slice(1);
+  if (segs.includes("..")) return "no .. segments: downloads come only from under /workspace";
+  if (segs.some((s, i) => s === "" || s === ".") ) return "write the path plainly: no empty or . segments, no slash at the end";
+  if (p !== "/workspace" && !p.startsWith("/workspace/")) return "downloads come only from under /workspace";
+  return "";
+}
+
+// loadMembers lists the sandbox's Docker members; a path typed into a row
+// survives the reload.
+async function loadMembers() {
+  if ($("tab-members").hidden || !state.sandbox) return;
+  const sandbox = state.sandbox;
+  let list;
+  try { list = await api("GET", sb("/containers")); } catch (e) { $("members-error").textContent = e.message; $("member-rows").replaceChildren(); return; }
+  if (sandbox !== state.sandbox) return;
+  $("members-error").textContent = "";
+  $("members-status").textContent = list.length === 1 ? "1 member" : list.length + " members";
+  const typed = new Map([...$("member-rows").querySelectorAll("tr[data-id]")].map((tr) => [tr.dataset.id, tr.querySelector("input").value]));
+  if (!list.length) {
+    $("member-rows").replaceChildren(el("tr", {}, el("td", { colspan: "7", class: "muted" }, "No Docker members in this sandbox. Start one with airlock docker run, or docker run --network airlock-" + state.sandbox + ".")));
+    return;
+  }
+  $("member-rows").replaceChildren(...list.map((m) => {
+    const input = el("input", { class: "mono", value: typed.get(m.id) || "/workspace", "aria-label": "workspace path to download from " + m.name, spellcheck: "false" });
+    const err = el("div", { class: "row-error", role: "alert" });
+    return el("tr", { "data-id": m.id },
+      el("td", { title: m.name + " (" + m.id.slice(0, 12) + ")" }, m.name),
+      el("td", { title: m.agent ? "driven by " + m.agent : "" }, m.source),
+      el("td", {}, m.trust || ""),
+      el("td", { class: "mono" }, m.addr || ""),
+      el("td", {}, m.managed ? "airlock (" + m.managed + ")" : "docker"),
+      el("td", {}, input, err),
+      el("td", { class: "actions" },
+        el("button", { "aria-label": "logs of " + m.name, onclick: () => openLogs(m) }, "logs"),
+        el("button", { "aria-label": "download from " + m.name, onclick: (ev) => downloadArchive(ev.target, m, input, err) }, "download")));
+  }));
+}
+$("members-refresh").addEventListener("click", loadMembers);
+
+// downloadArchive fetches the archive of the row's path and saves it; a
+// refusal (a path outside /workspace, a member gone) shows in the row.
+async function downloadArchive(button, m, input, err) {
+  const p = input.value.trim();
+  err.textContent = workspacePathError(p);
+  if (err.textContent) { input.focus(); return; }
+  button.disabled = true;
+  try {
+    const res = await fetch("/api/v1" + sb("/containers/" + encodeURIComponent(m.id) + "/archive?path=" + encodeURIComponent(p)), { credentials: "same-origin" });
+    if (res.status === 401) { showLogin(); return; }
+    if (!res.ok) {
+      const data = await res.json().catch(() => ({}));
+      err.textContent = (data.error || res.statusText) + (data.hint ? " (" + data.hint + ")" : "");
+      return;
+    }
+    const url = URL.createObjectURL(await res.blob());
+    const name = (/filename="([^"]+)"/.exec(res.headers.get("Content-Disposition") || "") || [, "workspace.tar.gz"])[1];
+    const a = el("a", { href: url, download: name, hidden: "" });
+    document.body.append(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+    $("members-status").textContent = "Downloaded " + p + " of " + visibleText(m.name) + " as " + name + ".";
+  } catch (e) { err.textContent = e.message; } finally { button.disabled = false; }
+}
+
+// openLogs streams a member's output into the panel, one line per event,
+// as text; the stream's end closes it (an EventSource would otherwise
+// reconnect and show it all again).
+const MAX_LOG_LINES = 2000;
+function openLogs(m) {
+  closeLogs();
+  $("member-logs").hidden = false;
+  $("logs-name").textContent = visibleText(m.name);
+  $("logs").replaceChildren();
+  $("logs-status").textContent = "following…";
+  let partial = "";
+  const es = new EventSource("/api/v1" + sb("/containers/" + encodeURIComponent(m.id) + "/logs?follow=1&tail=500"));
+  state.logs = es;
+  const add = (stream) => (ev) => {
+    const l = JSON.parse(ev.data), box = $("logs");
+    partial += l.line;
+    if (l.partial && partial.length < 65536) return;
+    const atEnd = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
+    box.append(el("div", { class: stream }, partial));
+    partial = "";
+    while (box.children.length > MAX_LOG_LINES) box.firstChild.remove();
+    if (atEnd) box.scrollTop = box.scrollHeight;
+  };
+  es.addEventListener("stdout", add("stdout"));
+  es.addEventListener("stderr", add("stderr"));
+  es.addEventListener("end", (ev) => {
+    const end = JSON.parse(ev.data || "{}");
+    es.close();
+    $("logs-status").textContent = end.error ? "stopped: " + visibleText(end.error) : "the output ended (the member stopped)";
+  });
+  es.onerror = () => {
+    if (state.logs !== es) return;
+    es.close();
+    $("logs-status").textContent = "the stream broke off; open the logs again to read on";
+  };
+  $("logs").focus();
+}
+function closeLogs() {
+  if (state.logs) { state.logs.close(); state.logs = null; }
+  $("member-logs").hidden = true;
+}
+$("logs-close").addEventListener("click", closeLogs);
 
 // ---- settings ----
 async function loadSettings() {

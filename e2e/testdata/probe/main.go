@@ -12,6 +12,9 @@
 //	loop URL           GETs URL every second, forever
 //	post URL JSON      POSTs JSON to URL (the member API); prints "status N
 //	                   body", waiting up to $PROBE_TIMEOUT seconds (default 20)
+//	workspace          writes /workspace/dist (see writeWorkspace), prints
+//	                   "ready", then "tick N" on stdout every 100 ms and,
+//	                   every tenth, "warn N" and a terminal escape on stderr
 package main
 
 import (
@@ -75,7 +78,60 @@ func main() {
 			fmt.Println("error:", err)
 			os.Exit(1)
 		}
+	case "workspace":
+		if err := writeWorkspace(); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("ready")
+		for i := 1; ; i++ {
+			fmt.Printf("tick %d\n", i)
+			if i%10 == 0 {
+				fmt.Fprintf(os.Stderr, "warn %d \x1b[31mred\n", i)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
+}
+
+// writeWorkspace builds what an agent leaves in its workspace, as the e2e
+// test expects it: /workspace/dist with a file, an executable, a
+// subdirectory with a 3000-byte file and an empty one, and a link to the
+// file; /workspace/x; /workspace/out, a link to /etc; and /workspace/trap
+// holding a link to /etc.
+func writeWorkspace() error {
+	data := make([]byte, 3000)
+	for i := range data {
+		data[i] = byte(i % 251)
+	}
+	for _, d := range []string{"/workspace/dist/sub", "/workspace/trap"} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	for name, f := range map[string]struct {
+		data []byte
+		mode os.FileMode
+	}{
+		"/workspace/dist/app.txt":      {[]byte("artifact 1\n"), 0o644},
+		"/workspace/dist/run.sh":       {[]byte("#!/bin/sh\necho built\n"), 0o755},
+		"/workspace/dist/sub/data.bin": {data, 0o600},
+		"/workspace/dist/sub/empty":    {nil, 0o644},
+		"/workspace/x":                 {[]byte("x"), 0o644},
+	} {
+		if err := os.WriteFile(name, f.data, f.mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(name, f.mode); err != nil {
+			return err
+		}
+	}
+	for link, target := range map[string]string{"/workspace/dist/latest": "app.txt", "/workspace/out": "/etc", "/workspace/trap/etc": "/etc"} {
+		if err := os.Symlink(target, link); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func get(url string) error {

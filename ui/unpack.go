@@ -1,0 +1,167 @@
+package ui
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+)
+
+// UnpackArchive writes the entries of a member's archive (the archive
+// route's answer, un-gzipped) to dest, the way `docker cp` does: into dest
+// when it is a directory, or as dest when it does not exist yet (the
+// archive's top entry takes dest's name). What a member named is never
+// trusted: every entry must be a plain relative name under the archive's
+// one top entry (no "..", not absolute); only directories, regular files
+// and links are written, without set-id bits; a symbolic link must lead,
+// from where it stands, to a place under the top entry, and a hard link
+// name an entry there. Any other entry fails the whole unpacking at that
+// entry. Writes go through an os.Root at dest (or its parent), so nothing
+// lands outside it whatever links are on the disk already; a link where a
+// file or link is to be written is replaced, not followed.
+func UnpackArchive(r io.Reader, dest string) (entries int, err error) {
+	rootDir, rename := dest, ""
+	fi, err := os.Stat(dest)
+	switch {
+	case err == nil && !fi.IsDir():
+		return 0, fmt.Errorf("%s exists and is not a directory", dest)
+	case errors.Is(err, fs.ErrNotExist):
+		rootDir, rename = filepath.Dir(dest), filepath.Base(dest)
+	case err != nil:
+		return 0, err
+	}
+	root, err := os.OpenRoot(rootDir)
+	if err != nil {
+		return 0, err
+	}
+	defer root.Close()
+	tr := tar.NewReader(r)
+	top := ""
+	// place checks an entry's name and returns where it goes under root.
+	place := func(raw string) (string, error) {
+		name, err := entryName(raw)
+		if err != nil {
+			return "", err
+		}
+		first, rest, _ := strings.Cut(name, "/")
+		if top == "" {
+			top = first
+		}
+		if first != top {
+			return "", fmt.Errorf("archive entry %q is not under %q, the archive's top entry", raw, top)
+		}
+		if rename != "" {
+			return path.Join(rename, rest), nil
+		}
+		return name, nil
+	}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			if entries == 0 {
+				return 0, errors.New("the archive is empty")
+			}
+			return entries, nil
+		}
+		if err != nil {
+			return entries, fmt.Errorf("read the archive: %w", err)
+		}
+		name, err := place(h.Name)
+		if err != nil {
+			return entries, err
+		}
+		if err := unpackEntry(root, tr, h, name, place); err != nil {
+			return entries, fmt.Errorf("archive entry %q: %w", h.Name, err)
+		}
+		entries++
+	}
+}
+
+// entryName checks an entry's name: relative, plain, UTF-8 free of NUL.
+func entryName(raw string) (string, error) {
+	name := strings.TrimSuffix(raw, "/")
+	switch {
+	case name == "" || strings.ContainsRune(name, 0):
+		return "", fmt.Errorf("archive entry %q has no usable name", raw)
+	case path.IsAbs(name) || filepath.IsAbs(name):
+		return "", fmt.Errorf("archive entry %q is an absolute path", raw)
+	case path.Clean(name) != name || name == ".":
+		return "", fmt.Errorf("archive entry %q is not a plain path", raw)
+	}
+	for _, seg := range strings.Split(name, "/") {
+		if seg == ".." {
+			return "", fmt.Errorf("archive entry %q has a .. segment", raw)
+		}
+	}
+	return name, nil
+}
+
+// unpackEntry writes one entry at name under root; place says where
+// another entry's name goes (a hard link's target).
+func unpackEntry(root *os.Root, tr *tar.Reader, h *tar.Header, name string, place func(string) (string, error)) error {
+	perm := fs.FileMode(h.Mode) & 0o777
+	switch h.Typeflag {
+	case tar.TypeDir:
+		if err := root.MkdirAll(name, perm|0o700); err != nil {
+			return err
+		}
+		return root.Chmod(name, perm|0o700)
+	case tar.TypeReg:
+		if err := clearLink(root, name); err != nil {
+			return err
+		}
+		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm|0o600)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, tr)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = root.Chmod(name, perm)
+		}
+		if err == nil && !h.ModTime.IsZero() {
+			err = root.Chtimes(name, h.ModTime, h.ModTime)
+		}
+		return err
+	case tar.TypeSymlink:
+		target := h.Linkname
+		if target == "" || strings.ContainsRune(target, 0) || path.IsAbs(target) {
+			return fmt.Errorf("symbolic link to %q: only relative links are unpacked", target)
+		}
+		top, _, _ := strings.Cut(name, "/")
+		if to := path.Join(path.Dir(name), target); to != top && !strings.HasPrefix(to, top+"/") {
+			return fmt.Errorf("symbolic link to %q leads out of %s", target, top)
+		}
+		if err := clearLink(root, name); err != nil {
+			return err
+		}
+		return root.Symlink(target, name)
+	case tar.TypeLink:
+		old, err := place(h.Linkname)
+		if err != nil {
+			return fmt.Errorf("hard link: %w", err)
+		}
+		if err := clearLink(root, name); err != nil {
+			return err
+		}
+		return root.Link(old, name)
+	}
+	return fmt.Errorf("entries of type %q (devices, pipes) are not unpacked", h.Typeflag)
+}
+
+// clearLink removes a symbolic link at name, so that what is written there
+// replaces it rather than going where it points.
+func clearLink(root *os.Root, name string) error {
+	fi, err := root.Lstat(name)
+	if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+		return nil
+	}
+	return root.Remove(name)
+}
