@@ -21,8 +21,10 @@ import (
 
 // Exposer makes a member's port reachable from the host and returns the
 // host address it listens on ("127.0.0.1:40123"); member is the member's
-// name as approvals show it.
-type Exposer func(sandbox, member string, port uint16) (addr string, err error)
+// name as approvals show it, and container, when not "", the Docker
+// container that asked: the exposure is for that one, not a later member
+// under its name.
+type Exposer func(sandbox, member, container string, port uint16) (addr string, err error)
 
 // exposer returns what carries out allowed port requests: Expose, unless
 // a test set another.
@@ -30,7 +32,21 @@ func (d *Daemon) exposer() Exposer {
 	if d.expose != nil {
 		return d.expose
 	}
-	return func(sandbox, member string, port uint16) (string, error) {
+	return func(sandbox, member, container string, port uint16) (string, error) {
+		if container != "" {
+			s := d.sandboxNamed(sandbox)
+			if s == nil {
+				return "", fmt.Errorf("no sandbox %q", sandbox)
+			}
+			m, err := d.findMember(s, member)
+			if err != nil {
+				return "", err
+			}
+			if m.container != container {
+				return "", fmt.Errorf("the container that asked (%.12s) is no longer member %q", container, member)
+			}
+			member = m.addr.String()
+		}
 		x, err := d.Expose(sandbox, member, port)
 		return x.HostAddr, err
 	}
@@ -64,7 +80,7 @@ func (d *Daemon) grant(s *sandbox) func(policy.Pending) (string, error) {
 	return func(p policy.Pending) (string, error) {
 		switch p.Kind {
 		case policy.AskPort:
-			addr, err := d.exposer()(s.cfg.Name, p.Source, p.Port)
+			addr, err := d.exposer()(s.cfg.Name, p.Source, p.MemberID, p.Port)
 			if err != nil {
 				return "", err
 			}

@@ -71,7 +71,7 @@ func TestPortRequestExposes(t *testing.T) {
 		port            uint16
 	}
 	calls := make(chan call, 1)
-	d := &Daemon{expose: func(sandbox, member string, port uint16) (string, error) {
+	d := &Daemon{expose: func(sandbox, member, _ string, port uint16) (string, error) {
 		calls <- call{sandbox, member, port}
 		return "127.0.0.1:40123", nil
 	}}
