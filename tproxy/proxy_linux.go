@@ -350,7 +350,7 @@ func (p *Proxy) name(c *conn) (target, bool) {
 		return target{}, false
 	}
 	c.rec.Dest, c.rec.Port = dst.String(), dst.Port()
-	t := target{dst: dst, host: dst.Addr().String()}
+	t := target{dst: dst}
 	if p.cfg.Names.Contains(dst.Addr()) {
 		c.rec.Fake = true
 		n, ok := p.cfg.Names.Name(dst.Addr())
@@ -385,6 +385,8 @@ func (p *Proxy) name(c *conn) (target, bool) {
 			return target{}, false
 		}
 		t.host = n
+	} else {
+		t.host = dst.Addr().String()
 	}
 	c.rec.Host = t.host
 	c.rec.LLM = policy.IsLLMHost(t.host)
