@@ -1,6 +1,7 @@
 package transparent
 
 import (
+	"net"
 	"net/netip"
 	"testing"
 
@@ -34,6 +35,41 @@ func TestControlMessagesAgreeWithXNet(t *testing.T) {
 	for _, bad := range [][]byte{nil, make([]byte, 3), make([]byte, OOBSize)} {
 		if a, ok := Dst(bad); ok {
 			t.Errorf("Dst(%x) = %v, want none", bad, a)
+		}
+	}
+}
+
+// TestAcceptedConnectionsKeepAlive: connections a listener accepts have
+// Go's keep-alive settings, set once on the listener.
+func TestAcceptedConnectionsKeepAlive(t *testing.T) {
+	ln, err := Listen("tcp4", netip.MustParseAddrPort("127.0.0.1:0"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	rc, _ := a.(*net.TCPConn).SyscallConn()
+	got := map[string]int{}
+	rc.Control(func(fd uintptr) {
+		got["SO_KEEPALIVE"], _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+		got["TCP_KEEPIDLE"], _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+		got["TCP_KEEPINTVL"], _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
+		got["TCP_KEEPCNT"], _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
+		got["TCP_NODELAY"], _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY)
+	})
+	want := map[string]int{"SO_KEEPALIVE": 1, "TCP_KEEPIDLE": 15, "TCP_KEEPINTVL": 15, "TCP_KEEPCNT": 9, "TCP_NODELAY": 1}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("accepted connection: %s = %d, want %d", k, got[k], v)
 		}
 	}
 }
