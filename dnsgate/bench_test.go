@@ -146,7 +146,7 @@ func BenchmarkGateAnswer(b *testing.B) {
 					g := benchGate(b, rules)
 					qs := benchQueries(set)
 					var st fastState
-					out := &udpReplies{batch: newUDPBatch(false)}
+					out := &udpReplies{batch: newUDPBatch(unix.SYS_SENDMMSG, false)}
 					out.begin(sockaddr("127.0.0.1:5353"))
 					answer := func(q []byte) {
 						out.n = 0

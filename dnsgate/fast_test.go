@@ -82,7 +82,7 @@ func sockaddr(addr string) *unix.RawSockaddrInet4 {
 func (p *fastPair) check(t testing.TB, client string, b []byte) bool {
 	t.Helper()
 	var st fastState
-	fast := &udpReplies{batch: newUDPBatch(false)}
+	fast := &udpReplies{batch: newUDPBatch(unix.SYS_SENDMMSG, false)}
 	fast.begin(sockaddr(client))
 	before, evs := p.fast.cfg.Pool.Len(), len(p.fastEv)
 	took := p.fast.fastAnswer(fast, &st, b)
@@ -97,7 +97,7 @@ func (p *fastPair) check(t testing.TB, client string, b []byte) bool {
 			p.fast.ServeDNS(fast, req)
 		}
 	}
-	slow := &udpReplies{batch: newUDPBatch(false)}
+	slow := &udpReplies{batch: newUDPBatch(unix.SYS_SENDMMSG, false)}
 	slow.begin(sockaddr(client))
 	if req := replyTo(slow, b); req != nil {
 		p.slow.ServeDNS(slow, req)
@@ -241,7 +241,7 @@ func TestFastAnswerAllocations(t *testing.T) {
 	g.cfg.OnEvent = nil
 	for _, tc := range fastCases()[:13] {
 		var st fastState
-		out := &udpReplies{batch: newUDPBatch(false)}
+		out := &udpReplies{batch: newUDPBatch(unix.SYS_SENDMMSG, false)}
 		out.begin(sockaddr("127.0.0.3:5353"))
 		g.fastAnswer(out, &st, tc.b)
 		if n := testing.AllocsPerRun(100, func() {

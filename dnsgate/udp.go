@@ -57,8 +57,8 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 		g.log.Error("dns gate: udp socket", "err", err)
 		return
 	}
-	in := newUDPBatch(tp)
-	out := &udpReplies{pc: pc, rc: rc, batch: newUDPBatch(tp)}
+	in := newUDPBatch(unix.SYS_RECVMMSG, tp)
+	out := &udpReplies{pc: pc, rc: rc, batch: newUDPBatch(unix.SYS_SENDMMSG, tp)}
 	var st fastState
 	for {
 		// The socket does not block (the runtime's poller waits for it), so
@@ -165,12 +165,21 @@ type udpMsgs struct {
 	iovs  [udpBatch]unix.Iovec
 	names [udpBatch]unix.RawSockaddrInet4
 	oobs  [udpBatch][]byte // nil on a gate that is not transparent
+
+	// The system call the runtime's poller calls back, made once so that
+	// a batch allocates nothing: it moves hdrs[lo:hi] and leaves how
+	// many it moved in n, or its error in err.
+	call   func(fd uintptr) bool
+	trap   uintptr // SYS_RECVMMSG or SYS_SENDMMSG
+	lo, hi int
+	n      int
+	err    error
 }
 
-// newUDPBatch returns the messages of a batch, with room for control
-// messages when tp (a transparent gate).
-func newUDPBatch(tp bool) *udpMsgs {
-	m := &udpMsgs{}
+// newUDPBatch returns the messages of a batch for recvmmsg or sendmmsg
+// (trap), with room for control messages when tp (a transparent gate).
+func newUDPBatch(trap uintptr, tp bool) *udpMsgs {
+	m := &udpMsgs{trap: trap}
 	for i := range m.hdrs {
 		h := &m.hdrs[i].Hdr
 		h.Name = (*byte)(unsafe.Pointer(&m.names[i]))
@@ -179,6 +188,26 @@ func newUDPBatch(tp bool) *udpMsgs {
 		if tp {
 			m.oobs[i] = make([]byte, transparent.OOBSize)
 			h.Control = &m.oobs[i][0]
+		}
+	}
+	m.call = func(fd uintptr) bool {
+		for {
+			r, _, e := unix.Syscall6(m.trap, fd, uintptr(unsafe.Pointer(&m.hdrs[m.lo])), uintptr(m.hi-m.lo), 0, 0, 0)
+			switch e {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false
+			case 0:
+				m.n, m.err = int(r), nil
+			default:
+				name := "recvmmsg"
+				if m.trap == unix.SYS_SENDMMSG {
+					name = "sendmmsg"
+				}
+				m.n, m.err = 0, os.NewSyscallError(name, e)
+			}
+			return true
 		}
 	}
 	return m
@@ -201,28 +230,11 @@ func (m *udpMsgs) recv(rc syscall.RawConn) (int, error) {
 		h.Hdr.SetControllen(len(m.oobs[i]))
 		h.Hdr.Flags, h.Len = 0, 0
 	}
-	var n int
-	var serr error
-	err := rc.Read(func(fd uintptr) bool {
-		for {
-			r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&m.hdrs[0])), udpBatch, 0, 0, 0)
-			switch e {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return false
-			case 0:
-				n = int(r)
-			default:
-				serr = os.NewSyscallError("recvmmsg", e)
-			}
-			return true
-		}
-	})
-	if err != nil {
+	m.lo, m.hi = 0, udpBatch
+	if err := rc.Read(m.call); err != nil {
 		return 0, err
 	}
-	return n, serr
+	return m.n, m.err
 }
 
 // from returns the sender of datagram i, or false when it has no IPv4
@@ -348,39 +360,22 @@ func (w *udpReplies) queue(b []byte) {
 // sent; the first such error is returned.
 func (w *udpReplies) flush() error {
 	var first error
-	for sent := 0; sent < w.n; {
-		var n int
-		var serr error
-		err := w.rc.Write(func(fd uintptr) bool {
-			for {
-				r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&w.batch.hdrs[sent])), uintptr(w.n-sent), 0, 0, 0)
-				switch e {
-				case unix.EINTR:
-					continue
-				case unix.EAGAIN:
-					return false
-				case 0:
-					n = int(r)
-				default:
-					serr = os.NewSyscallError("sendmmsg", e)
-				}
-				return true
-			}
-		})
-		if err != nil {
+	m := w.batch
+	for m.lo, m.hi = 0, w.n; m.lo < m.hi; {
+		if err := w.rc.Write(m.call); err != nil {
 			// The socket is closed: nothing more can be sent.
 			first = cmpOr(first, err)
 			break
 		}
-		if serr != nil || n < 1 {
+		if m.err != nil || m.n < 1 {
 			// sendmmsg fails only when it sent none, that is on the first.
-			first = cmpOr(first, serr)
-			n = 1
+			first = cmpOr(first, m.err)
+			m.n = 1
 		}
-		sent += n
+		m.lo += m.n
 	}
 	for i := range w.n {
-		w.batch.iovs[i] = unix.Iovec{}
+		m.iovs[i] = unix.Iovec{}
 	}
 	w.n = 0
 	return first
