@@ -39,7 +39,8 @@ const udpReplySize = 512
 // more, and their replies leave together once the batch is answered: one
 // recvmmsg and one sendmmsg for many queries instead of a recvmsg and a
 // sendmsg each. Which datagrams get a reply follows miekg/dns's server
-// exactly: see replyTo. Start runs several of these on one socket.
+// exactly: see replyTo. Start runs one or more of these on each of its
+// sockets.
 //
 // The common queries (see fastAnswer) are answered from their wire bytes,
 // and the batches are read and written through buffers, addresses and
