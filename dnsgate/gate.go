@@ -108,7 +108,7 @@ type Gate struct {
 
 	mu      sync.Mutex // guards servers, udp, closed and addr
 	servers []*dns.Server
-	udp     *net.UDPConn // served by serveUDP; nil when a server in servers has UDP
+	udp     []*net.UDPConn // served by serveUDP; none when a server in servers has UDP
 	closed  bool
 	addr    netip.AddrPort
 	wg      sync.WaitGroup
@@ -151,31 +151,39 @@ func (g *Gate) Start() error {
 	if g.closed {
 		return errors.New("dnsgate: closed")
 	}
-	addr := g.cfg.Listen.String()
-	pc, err := transparent.ListenPacket("udp4", g.cfg.Listen, g.cfg.Transparent)
+	// Bound to every address, replies must leave from the one each query
+	// came to, which miekg/dns's server arranges per datagram. Bound to
+	// one, the gate's own readers serve it, with a socket for each core
+	// the runtime uses (transparent.ListenPackets).
+	miekg := g.cfg.Listen.Addr().IsUnspecified() && !g.cfg.Transparent
+	sockets := runtime.GOMAXPROCS(0)
+	if miekg {
+		sockets = 1
+	}
+	pcs, err := transparent.ListenPackets("udp4", g.cfg.Listen, g.cfg.Transparent, sockets)
 	if err != nil {
 		return listenError("udp", g.cfg.Listen, err)
 	}
 	// With port 0 (tests), TCP takes the port UDP got.
-	addr = pc.LocalAddr().String()
-	g.addr = pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	addr := pcs[0].LocalAddr().String()
+	g.addr = pcs[0].LocalAddr().(*net.UDPAddr).AddrPort()
 	ln, err := transparent.Listen("tcp4", g.addr, g.cfg.Transparent)
 	if err != nil {
-		pc.Close()
+		for _, pc := range pcs {
+			pc.Close()
+		}
 		return listenError("tcp", g.cfg.Listen, err)
 	}
 	tcp := &dns.Server{Listener: ln, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
 	g.servers = []*dns.Server{tcp}
-	if g.cfg.Listen.Addr().IsUnspecified() && !g.cfg.Transparent {
-		// Bound to every address: replies must leave from the one each
-		// query came to, which miekg/dns's server arranges per datagram.
-		g.servers = append(g.servers, &dns.Server{PacketConn: pc, Handler: g, UDPSize: udpReadSize})
+	if miekg {
+		g.servers = append(g.servers, &dns.Server{PacketConn: pcs[0], Handler: g, UDPSize: udpReadSize})
 	} else {
-		udp := pc.(*net.UDPConn)
-		g.udp = udp
-		// The readers get the socket itself: Close clears g.udp.
-		for range max(2, runtime.GOMAXPROCS(0)) {
-			g.wg.Go(func() { g.serveUDP(udp) })
+		g.udp = pcs
+		// The readers get the sockets themselves: Close clears g.udp.
+		for i := range max(2, len(pcs)) {
+			pc := pcs[i%len(pcs)]
+			g.wg.Go(func() { g.serveUDP(pc) })
 		}
 	}
 	for _, s := range g.servers {
@@ -208,8 +216,8 @@ func (g *Gate) Close() error {
 	g.servers, g.udp, g.closed = nil, nil, true
 	g.mu.Unlock()
 	var errs []error
-	if udp != nil {
-		errs = append(errs, udp.Close())
+	for _, pc := range udp {
+		errs = append(errs, pc.Close())
 	}
 	for _, s := range servers {
 		if err := s.Shutdown(); err != nil {

@@ -90,6 +90,17 @@ func (p *Pool) Assign(name string) netip.Addr {
 	return l.addr
 }
 
+// lookup returns the name b holding an address, as the pool holds it,
+// without allocating and without making it recently used.
+func (p *Pool) lookup(b []byte) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.byName[string(b)]; ok {
+		return e.Value.(*lease).name, true
+	}
+	return "", false
+}
+
 // Name returns the name an address was assigned to.
 func (p *Pool) Name(a netip.Addr) (string, bool) {
 	p.mu.Lock()

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/miekg/dns"
-	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/transparent"
 )
@@ -36,34 +39,33 @@ const udpReplySize = 512
 // more, and their replies leave together once the batch is answered: one
 // recvmmsg and one sendmmsg for many queries instead of a recvmsg and a
 // sendmsg each. Which datagrams get a reply follows miekg/dns's server
-// exactly: see replyTo. Start runs several of these on one socket.
+// exactly: see replyTo. Start runs one or more of these on each of its
+// sockets.
+//
+// The common queries (see fastAnswer) are answered from their wire bytes,
+// and the batches are read and written through buffers, addresses and
+// control messages set up once: such a query allocates nothing, so the
+// garbage collector, whose every cycle walks the policy's rules, seldom
+// runs however large the policy.
 //
 // On a transparent gate each datagram's destination is read from its
 // IP_PKTINFO, and its reply leaves from that address: a member that asked
 // 203.0.113.53 is answered by 203.0.113.53.
 func (g *Gate) serveUDP(pc *net.UDPConn) {
-	bc := ipv4.NewPacketConn(pc)
 	tp := g.cfg.Transparent
-	in := make([]ipv4.Message, udpBatch)
-	bufs := make([]byte, udpBatch*udpReadSize)
-	for i := range in {
-		in[i].Buffers = [][]byte{bufs[i*udpReadSize : (i+1)*udpReadSize : (i+1)*udpReadSize]}
-		if tp {
-			in[i].OOB = make([]byte, transparent.OOBSize)
-		}
+	rc, err := pc.SyscallConn()
+	if err != nil {
+		g.log.Error("dns gate: udp socket", "err", err)
+		return
 	}
-	out := &udpReplies{pc: pc, bc: bc, msgs: make([]ipv4.Message, 0, udpBatch)}
-	for i := range out.bufs {
-		out.bufs[i] = make([]byte, udpReplySize)
-		if tp {
-			out.oobs[i] = make([]byte, transparent.OOBSize)
-		}
-	}
+	in := newUDPBatch(unix.SYS_RECVMMSG, tp)
+	out := &udpReplies{pc: pc, rc: rc, batch: newUDPBatch(unix.SYS_SENDMMSG, tp)}
+	var st fastState
 	for {
 		// The socket does not block (the runtime's poller waits for it), so
 		// recvmmsg returns as soon as it has taken what is queued: a lone
 		// query is answered at once.
-		n, err := bc.ReadBatch(in, 0)
+		n, err := in.recv(rc)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -73,24 +75,24 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		for i := range in[:n] {
-			m := &in[i]
-			// Each datagram's sender comes with it, in an address of its
-			// own that the next read does not reuse; without one there is
-			// nobody to answer.
-			from, ok := m.Addr.(*net.UDPAddr)
-			m.Addr = nil
-			if !ok || from == nil {
+		for i := range n {
+			// Without the sender's address there is nobody to answer.
+			to, ok := in.from(i)
+			if !ok {
 				continue
 			}
-			out.to, out.src = from, netip.Addr{}
+			out.begin(to)
 			if tp {
 				// Without its destination a reply could not leave from it.
-				if out.src, ok = transparent.Dst(m.OOB[:m.NN]); !ok {
+				if out.src, ok = transparent.Dst(in.oob(i)); !ok {
 					continue
 				}
 			}
-			req := replyTo(out, m.Buffers[0][:min(m.N, udpReadSize)])
+			b := in.payload(i)
+			if g.fastAnswer(out, &st, b) {
+				continue
+			}
+			req := replyTo(out, b)
 			if req == nil {
 				continue
 			}
@@ -98,7 +100,7 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 				switch req.Question[0].Qtype {
 				case dns.TypeA, dns.TypeAAAA, dns.TypeHTTPS, dns.TypeSVCB:
 				default:
-					w := &udpWriter{pc: pc, to: from, src: out.src}
+					w := &udpWriter{pc: pc, to: out.RemoteAddr().(*net.UDPAddr), src: out.src}
 					g.wg.Go(func() { g.ServeDNS(w, req) })
 					continue
 				}
@@ -107,7 +109,7 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 			// it gets FORMERR).
 			g.ServeDNS(out, req)
 		}
-		out.to = nil
+		out.end()
 		if err := out.flush(); err != nil {
 			g.log.Debug("write dns reply", "err", err)
 		}
@@ -155,21 +157,144 @@ func replyTo(w dns.ResponseWriter, m []byte) *dns.Msg {
 	return nil
 }
 
-// udpReplies is the dns.ResponseWriter of the queries of one batch that
-// are answered at once. It queues their replies, each to the sender of the
-// query being answered when it was written (to), and flush sends them.
-type udpReplies struct {
-	pc   *net.UDPConn
-	bc   *ipv4.PacketConn
-	to   *net.UDPAddr // the sender of the query being answered
-	src  netip.Addr   // on a transparent gate, where that query was sent
-	msgs []ipv4.Message
-	bufs [udpBatch][]byte // msgs[i] is packed into bufs[i] when it fits
-	oobs [udpBatch][]byte // msgs[i]'s source, on a transparent gate
+// udpMsgs holds the headers, addresses and control messages of up to
+// udpBatch datagrams for recvmmsg or sendmmsg, set up once; the headers
+// point into the rest, which never moves (the heap does not move
+// objects).
+type udpMsgs struct {
+	hdrs  [udpBatch]unix.Mmsghdr
+	iovs  [udpBatch]unix.Iovec
+	names [udpBatch]unix.RawSockaddrInet4
+	oobs  [udpBatch][]byte // nil on a gate that is not transparent
+
+	// The system call the runtime's poller calls back, made once so that
+	// a batch allocates nothing: it moves hdrs[lo:hi] and leaves how
+	// many it moved in n, or its error in err.
+	call   func(fd uintptr) bool
+	trap   uintptr // SYS_RECVMMSG or SYS_SENDMMSG
+	lo, hi int
+	n      int
+	err    error
 }
 
-func (w *udpReplies) LocalAddr() net.Addr  { return w.pc.LocalAddr() }
-func (w *udpReplies) RemoteAddr() net.Addr { return w.to }
+// newUDPBatch returns the messages of a batch for recvmmsg or sendmmsg
+// (trap), with room for control messages when tp (a transparent gate).
+func newUDPBatch(trap uintptr, tp bool) *udpMsgs {
+	m := &udpMsgs{trap: trap}
+	for i := range m.hdrs {
+		h := &m.hdrs[i].Hdr
+		h.Name = (*byte)(unsafe.Pointer(&m.names[i]))
+		h.Iov = &m.iovs[i]
+		h.Iovlen = 1
+		if tp {
+			m.oobs[i] = make([]byte, transparent.OOBSize)
+			h.Control = &m.oobs[i][0]
+		}
+	}
+	m.call = func(fd uintptr) bool {
+		for {
+			r, _, e := unix.Syscall6(m.trap, fd, uintptr(unsafe.Pointer(&m.hdrs[m.lo])), uintptr(m.hi-m.lo), 0, 0, 0)
+			switch e {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false
+			case 0:
+				m.n, m.err = int(r), nil
+			default:
+				name := "recvmmsg"
+				if m.trap == unix.SYS_SENDMMSG {
+					name = "sendmmsg"
+				}
+				m.n, m.err = 0, os.NewSyscallError(name, e)
+			}
+			return true
+		}
+	}
+	return m
+}
+
+// recv reads what is queued on the socket, at most udpBatch datagrams, into
+// m (whose iovecs, on the first call, get buffers of udpReadSize), waiting
+// when nothing is; it returns how many it read.
+func (m *udpMsgs) recv(rc syscall.RawConn) (int, error) {
+	if m.iovs[0].Base == nil {
+		bufs := make([]byte, udpBatch*udpReadSize)
+		for i := range m.iovs {
+			m.iovs[i].Base = &bufs[i*udpReadSize]
+			m.iovs[i].SetLen(udpReadSize)
+		}
+	}
+	for i := range m.hdrs {
+		h := &m.hdrs[i]
+		h.Hdr.Namelen = unix.SizeofSockaddrInet4
+		h.Hdr.SetControllen(len(m.oobs[i]))
+		h.Hdr.Flags, h.Len = 0, 0
+	}
+	m.lo, m.hi = 0, udpBatch
+	if err := rc.Read(m.call); err != nil {
+		return 0, err
+	}
+	return m.n, m.err
+}
+
+// from returns the sender of datagram i, or false when it has no IPv4
+// address.
+func (m *udpMsgs) from(i int) (*unix.RawSockaddrInet4, bool) {
+	sa := &m.names[i]
+	return sa, m.hdrs[i].Hdr.Namelen >= unix.SizeofSockaddrInet4 && sa.Family == unix.AF_INET
+}
+
+// payload returns datagram i (cut at udpReadSize).
+func (m *udpMsgs) payload(i int) []byte {
+	return unsafe.Slice(m.iovs[i].Base, udpReadSize)[:min(int(m.hdrs[i].Len), udpReadSize)]
+}
+
+// oob returns the control messages of datagram i.
+func (m *udpMsgs) oob(i int) []byte {
+	return m.oobs[i][:min(int(m.hdrs[i].Hdr.Controllen), len(m.oobs[i]))]
+}
+
+// sockaddrAddr returns the address and port of sa.
+func sockaddrAddr(sa *unix.RawSockaddrInet4) netip.AddrPort {
+	p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+	return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(p[0])<<8|uint16(p[1]))
+}
+
+// udpReplies is the dns.ResponseWriter of the queries of one batch that
+// are answered at once. It queues their replies, each to the sender of the
+// query being answered when it was written (see begin), and flush sends
+// them.
+type udpReplies struct {
+	pc    *net.UDPConn
+	rc    syscall.RawConn
+	batch *udpMsgs // the queued replies: batch.hdrs[:n]
+	n     int
+	bufs  [udpBatch][udpReplySize]byte // reply i is packed into bufs[i] when it fits
+
+	// The query being answered.
+	to     *unix.RawSockaddrInet4 // nil outside a query
+	src    netip.Addr             // on a transparent gate, where it was sent
+	toAddr *net.UDPAddr           // RemoteAddr, made when asked for
+}
+
+// begin starts the answer to the query from to.
+func (w *udpReplies) begin(to *unix.RawSockaddrInet4) {
+	w.to, w.src, w.toAddr = to, netip.Addr{}, nil
+}
+
+// end ends the batch's queries: nothing more is written until begin.
+func (w *udpReplies) end() { w.to, w.toAddr = nil, nil }
+
+func (w *udpReplies) LocalAddr() net.Addr { return w.pc.LocalAddr() }
+
+// RemoteAddr returns the sender of the query being answered.
+func (w *udpReplies) RemoteAddr() net.Addr {
+	if w.toAddr == nil && w.to != nil {
+		w.toAddr = net.UDPAddrFromAddrPort(sockaddrAddr(w.to))
+	}
+	return w.toAddr
+}
 
 func (w *udpReplies) WriteMsg(m *dns.Msg) error {
 	buf, err := w.slot()
@@ -204,21 +329,31 @@ func (w *udpReplies) slot() ([]byte, error) {
 	if w.to == nil {
 		return nil, errors.New("dnsgate: reply outside a query")
 	}
-	if len(w.msgs) == cap(w.msgs) {
+	if w.n == udpBatch {
 		if err := w.flush(); err != nil {
 			return nil, err
 		}
 	}
-	return w.bufs[len(w.msgs)], nil
+	return w.bufs[w.n][:], nil
 }
 
 // queue adds reply b, to the sender of the query being answered.
 func (w *udpReplies) queue(b []byte) {
-	m := ipv4.Message{Buffers: [][]byte{b}, Addr: w.to}
-	if w.src.IsValid() {
-		m.OOB = transparent.PutSrc(w.oobs[len(w.msgs)], w.src)
+	i := w.n
+	w.batch.names[i] = *w.to
+	w.batch.iovs[i] = unix.Iovec{}
+	if len(b) > 0 {
+		w.batch.iovs[i].Base = &b[0]
+		w.batch.iovs[i].SetLen(len(b))
 	}
-	w.msgs = append(w.msgs, m)
+	h := &w.batch.hdrs[i].Hdr
+	h.Namelen = unix.SizeofSockaddrInet4
+	h.SetControllen(0)
+	if w.src.IsValid() {
+		transparent.PutSrc(w.batch.oobs[i], w.src)
+		h.SetControllen(len(w.batch.oobs[i]))
+	}
+	w.n++
 }
 
 // flush sends the queued replies and empties the queue. A reply the kernel
@@ -226,20 +361,33 @@ func (w *udpReplies) queue(b []byte) {
 // sent; the first such error is returned.
 func (w *udpReplies) flush() error {
 	var first error
-	for ms := w.msgs; len(ms) > 0; {
-		n, err := w.bc.WriteBatch(ms, 0)
-		if err != nil || n < 1 {
-			// sendmmsg fails only when it sent none, that is on ms[0].
-			if first == nil {
-				first = err
-			}
-			n = 1
+	m := w.batch
+	for m.lo, m.hi = 0, w.n; m.lo < m.hi; {
+		if err := w.rc.Write(m.call); err != nil {
+			// The socket is closed: nothing more can be sent.
+			first = cmpOr(first, err)
+			break
 		}
-		ms = ms[n:]
+		if m.err != nil || m.n < 1 {
+			// sendmmsg fails only when it sent none, that is on the first.
+			first = cmpOr(first, m.err)
+			m.n = 1
+		}
+		m.lo += m.n
 	}
-	clear(w.msgs)
-	w.msgs = w.msgs[:0]
+	for i := range w.n {
+		m.iovs[i] = unix.Iovec{}
+	}
+	w.n = 0
 	return first
+}
+
+// cmpOr returns a unless it is nil, else b.
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
 }
 
 func (w *udpReplies) Close() error        { return nil }

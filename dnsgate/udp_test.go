@@ -3,7 +3,9 @@ package dnsgate
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -207,4 +209,24 @@ func exchangeRaw(t *testing.T, addr string, b []byte) []byte {
 		return nil
 	}
 	return buf[:n]
+}
+
+// TestGateSocketPerCore: a gate bound to one address has a UDP socket for
+// each core the runtime uses, and queries from many clients, spread over
+// them, are all answered.
+func TestGateSocketPerCore(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(3))
+	w := newWorld(t, GuardConfig{}, "deny denied.test")
+	if n := len(w.gate.udp); n != 3 {
+		t.Fatalf("gate has %d UDP sockets with 3 cores, want 3", n)
+	}
+	for i := range 30 {
+		name, want := fmt.Sprintf("h%d.example.", i), dns.RcodeSuccess
+		if i%3 == 0 {
+			name, want = "denied.test.", dns.RcodeNameError
+		}
+		if r := w.query(t, "udp", name, dns.TypeA); r.Rcode != want {
+			t.Errorf("%s: rcode %s, want %s", name, dns.RcodeToString[r.Rcode], dns.RcodeToString[want])
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -229,4 +232,175 @@ func LeaseHolders(dir string) []LeaseHolder {
 		}
 	}
 	return out
+}
+
+// LeaseCache answers LeaseSource for one lease directory from memory, so
+// that attributing a connection or a DNS query costs no file to open,
+// lock and read. It watches the directory with inotify and forgets an
+// address's answer on every event of its lease file: a lease is taken by
+// creating or opening its file, locking it and then writing it (tryLease
+// writes after the lock, never before), and it ends by removing the file
+// or, when its holder dies, by the kernel closing it after writing; each
+// of these queues an event. Every lookup first reads the events queued so
+// far, under the lock that guards the cache, so an answer is never older
+// than the last change whose event was queued before the lookup began.
+// A member that takes an address has queued its events before it can
+// have the address, let alone send from it: its first connection or
+// query is never attributed to the address's previous holder.
+//
+// A queue that overflowed, or a watch that is lost (the directory removed
+// or renamed), forgets every answer; while the directory is not watched,
+// each lookup reads the lease file as LeaseSource does. It is safe for
+// concurrent use.
+type LeaseCache struct {
+	dir string
+
+	// mu guards the following fields.
+	mu      sync.Mutex
+	fd      int // the inotify instance; -1 once closed
+	wd      int // the directory's watch; -1 while there is none
+	retry   time.Time
+	sources map[netip.Addr]string // answers since the watch began
+	reads   int                   // lease files read (for tests)
+	events  [4096]byte
+}
+
+// leaseEvents are the events that may change an address's answer.
+const leaseEvents = unix.IN_CREATE | unix.IN_DELETE | unix.IN_MODIFY | unix.IN_CLOSE_WRITE |
+	unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR
+
+// maxCachedLeases bounds the answers kept: a sandbox has at most a few
+// hundred member addresses, but lookups may name any address.
+const maxCachedLeases = 4096
+
+// NewLeaseCache watches the lease directory dir, creating it (0755) when
+// missing, as AcquireLease would. It fails only when no inotify instance
+// can be had (fs.inotify.max_user_instances); Close releases it.
+func NewLeaseCache(dir string) (*LeaseCache, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("lease directory: %w", err)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("watch lease directory %s: inotify_init1: %w", dir, err)
+	}
+	c := &LeaseCache{dir: dir, fd: fd, wd: -1, sources: make(map[netip.Addr]string)}
+	c.mu.Lock()
+	c.watchLocked()
+	c.mu.Unlock()
+	return c, nil
+}
+
+// Source returns what LeaseSource(dir, addr) returns.
+func (c *LeaseCache) Source(addr netip.Addr) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.syncLocked() {
+		return LeaseSource(c.dir, addr)
+	}
+	if src, ok := c.sources[addr]; ok {
+		return src
+	}
+	// Read under the lock: an event queued from here on stays queued
+	// until the next lookup, which forgets what is stored now.
+	src := LeaseSource(c.dir, addr)
+	c.reads++
+	if len(c.sources) >= maxCachedLeases {
+		clear(c.sources)
+	}
+	c.sources[addr] = src
+	return src
+}
+
+// Close stops watching; later lookups read the lease files. It is
+// idempotent.
+func (c *LeaseCache) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fd < 0 {
+		return nil
+	}
+	err := unix.Close(c.fd)
+	c.fd, c.wd = -1, -1
+	clear(c.sources)
+	return err
+}
+
+// syncLocked applies the events queued so far and reports whether the
+// cache may answer: the directory is watched.
+func (c *LeaseCache) syncLocked() bool {
+	if c.fd < 0 {
+		return false
+	}
+	if c.wd < 0 {
+		return c.watchLocked()
+	}
+	for {
+		n, err := unix.Read(c.fd, c.events[:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return c.wd >= 0
+		case err != nil || n <= 0:
+			// Not expected of an inotify instance: stop trusting it.
+			unix.Close(c.fd)
+			c.fd, c.wd = -1, -1
+			clear(c.sources)
+			return false
+		}
+		c.applyLocked(c.events[:n])
+	}
+}
+
+// applyLocked forgets what the events in b may have changed.
+func (c *LeaseCache) applyLocked(b []byte) {
+	for len(b) >= unix.SizeofInotifyEvent {
+		ev := (*unix.InotifyEvent)(unsafe.Pointer(&b[0]))
+		end := unix.SizeofInotifyEvent + int(ev.Len)
+		if end > len(b) {
+			end = len(b)
+		}
+		name := b[unix.SizeofInotifyEvent:end]
+		b = b[end:]
+		switch {
+		case ev.Mask&unix.IN_Q_OVERFLOW != 0:
+			// Events were lost: any answer may be stale.
+			clear(c.sources)
+		case int(ev.Wd) != c.wd:
+			// A watch given up before (IN_IGNORED of a removed one).
+		case ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_UNMOUNT) != 0:
+			// The directory is gone from its path: watch it again later
+			// (a member taking a lease makes it anew).
+			if ev.Mask&unix.IN_IGNORED == 0 {
+				unix.InotifyRmWatch(c.fd, uint32(c.wd))
+			}
+			c.wd = -1
+			clear(c.sources)
+		default:
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			if a, err := netip.ParseAddr(string(name)); err == nil {
+				delete(c.sources, a)
+			}
+		}
+	}
+}
+
+// watchLocked adds the directory's watch, at most once a second while it
+// fails, and reports whether it is in place. Answers start anew with it.
+func (c *LeaseCache) watchLocked() bool {
+	now := time.Now()
+	if now.Before(c.retry) {
+		return false
+	}
+	wd, err := unix.InotifyAddWatch(c.fd, c.dir, leaseEvents)
+	if err != nil {
+		c.retry = now.Add(time.Second)
+		return false
+	}
+	c.wd = wd
+	clear(c.sources)
+	return true
 }

@@ -81,6 +81,12 @@ func normalizeSlow(host string) (string, error) {
 	return h, nil
 }
 
+// IsNormalName reports whether s is a DNS name NormalizeHost returns as it
+// is (see isNormalName); IP literals, which it also returns as they are,
+// are not names. The DNS gate checks names it reads from the wire with it,
+// without allocating.
+func IsNormalName(s string) bool { return isNormalName(s) }
+
 // isNormalName reports whether s is a lower-case ASCII DNS name without a
 // trailing dot, with labels of 1 to 63 letters, digits, hyphens (not at
 // either end) and underscores, and a last label that is not numeric.

@@ -29,7 +29,7 @@ func (p *Proxy) dial(c *conn, host string, dst netip.AddrPort, rawIP bool) (*net
 	}
 	conn, err := p.dialFirst(ctx, c.rec.Source, host, addrs, dst.Port(), host+":"+strconv.Itoa(int(dst.Port())))
 	if err == nil {
-		c.rec.Upstream = conn.RemoteAddr().String()
+		c.rec.Upstream = conn.RemoteAddr().(*net.TCPAddr).AddrPort().String()
 	}
 	return conn, err
 }
@@ -46,12 +46,13 @@ func (p *Proxy) dialFirst(ctx context.Context, source, host string, addrs []neti
 			continue
 		}
 		var d net.Dialer
-		conn, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(a, port).String())
+		// By address: no text to format and parse again, no resolver.
+		conn, err := d.DialTCP(ctx, "tcp4", netip.AddrPort{}, netip.AddrPortFrom(a, port))
 		if err != nil {
 			errs = append(errs, err.Error())
 			continue
 		}
-		return conn.(*net.TCPConn), nil
+		return conn, nil
 	}
 	if len(errs) == 0 && len(refused) > 0 {
 		return nil, &ssrfError{host: host, refused: refused}

@@ -134,17 +134,16 @@ func parseHelloBody(body []byte) (Hello, error) {
 	if !s.ReadUint16LengthPrefixed(&exts) || !s.Empty() {
 		return Hello{}, errors.New("malformed ClientHello extensions")
 	}
-	seen := map[uint16]bool{}
+	var seen extSet
 	for !exts.Empty() {
 		var typ uint16
 		var data cryptobyte.String
 		if !exts.ReadUint16(&typ) || !exts.ReadUint16LengthPrefixed(&data) {
 			return Hello{}, errors.New("malformed ClientHello extension")
 		}
-		if seen[typ] {
+		if !seen.add(typ) {
 			return Hello{}, fmt.Errorf("ClientHello repeats extension %d", typ)
 		}
-		seen[typ] = true
 		switch typ {
 		case 0: // server_name
 			var list cryptobyte.String
@@ -185,6 +184,37 @@ func parseHelloBody(body []byte) (Hello, error) {
 		}
 	}
 	return h, nil
+}
+
+// extSet is a set of TLS extension types. The few dozen a ClientHello
+// carries are kept in an array; a map takes those beyond, so that a hello
+// made of thousands of extensions costs no more than a map.
+type extSet struct {
+	few  [48]uint16
+	n    int
+	many map[uint16]bool
+}
+
+// add adds typ and reports whether it was not in the set.
+func (s *extSet) add(typ uint16) bool {
+	for _, t := range s.few[:s.n] {
+		if t == typ {
+			return false
+		}
+	}
+	if s.n < len(s.few) {
+		s.few[s.n] = typ
+		s.n++
+		return true
+	}
+	if s.many[typ] {
+		return false
+	}
+	if s.many == nil {
+		s.many = map[uint16]bool{}
+	}
+	s.many[typ] = true
+	return true
 }
 
 // Head is what the proxy learns from the head of an HTTP/1.x request.

@@ -162,3 +162,22 @@ func FuzzHTTPHead(f *testing.F) {
 		}
 	})
 }
+
+// TestExtSetRepeats: a repeated extension type is found among the first
+// few and among the many beyond them.
+func TestExtSetRepeats(t *testing.T) {
+	var s extSet
+	for typ := range uint16(200) {
+		if !s.add(typ * 7) {
+			t.Fatalf("extension %d taken for a repeat", typ*7)
+		}
+	}
+	for typ := range uint16(200) {
+		if s.add(typ * 7) {
+			t.Fatalf("repeated extension %d not found", typ*7)
+		}
+	}
+	if !s.add(1) {
+		t.Error("a new extension after many taken for a repeat")
+	}
+}

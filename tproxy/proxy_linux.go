@@ -369,7 +369,7 @@ type target struct {
 // connection itself (and reports false) when that cannot be read, or when
 // the bytes claim another name than the fake IP's (fronting).
 func (p *Proxy) name(c *conn, dst netip.AddrPort) (target, bool) {
-	t := target{dst: dst, host: dst.Addr().String()}
+	t := target{dst: dst}
 	if p.cfg.Names.Contains(dst.Addr()) {
 		c.rec.Fake = true
 		n, ok := p.cfg.Names.Name(dst.Addr())
@@ -404,6 +404,8 @@ func (p *Proxy) name(c *conn, dst netip.AddrPort) (target, bool) {
 			return target{}, false
 		}
 		t.host = n
+	} else {
+		t.host = dst.Addr().String()
 	}
 	c.rec.Host = t.host
 	if policy.IsInternalName(t.host) {

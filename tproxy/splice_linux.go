@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 
 	"github.com/airlockhq/airlock/policy"
@@ -22,7 +23,8 @@ const maxSplice = 1 << 20
 // six descriptors per idle spliced connection instead of two.) The zero
 // value is unusable; see newPipePool.
 type pipePool struct {
-	free chan *pipe
+	free    chan *pipe
+	copiers sync.Pool // of *copier
 }
 
 type pipe struct {
@@ -31,7 +33,11 @@ type pipe struct {
 }
 
 // newPipePool keeps up to n idle pipes.
-func newPipePool(n int) *pipePool { return &pipePool{free: make(chan *pipe, n)} }
+func newPipePool(n int) *pipePool {
+	pp := &pipePool{free: make(chan *pipe, n)}
+	pp.copiers.New = func() any { return newCopier(pp) }
+	return pp
+}
 
 func (pp *pipePool) get() (*pipe, error) {
 	select {
@@ -90,87 +96,90 @@ func (pp *pipePool) copy(dst, src *net.TCPConn) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return pp.copyRaw(dc, sc)
+}
+
+// copyRaw is copy on the sockets' raw connections. Each burst starts with
+// a splice from src into a pipe taken from the pool; when src has nothing
+// (EAGAIN) the pipe goes back before the runtime's poller waits for src,
+// so a connection waiting for data holds no pipe, and no system call is
+// spent on waiting but the one that finds src empty.
+func (pp *pipePool) copyRaw(dc, sc syscall.RawConn) (int64, error) {
+	cp := pp.copiers.Get().(*copier)
+	defer pp.copiers.Put(cp)
+	defer func() {
+		if cp.p != nil {
+			pp.put(cp.p) // closed instead when it still holds data
+			cp.p = nil
+		}
+	}()
 	var total int64
 	for {
-		// Wait for data or the end, holding nothing.
-		var rerr error
-		eof := false
-		if err := sc.Read(func(fd uintptr) bool {
-			var b [1]byte
-			n, _, e := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-			switch {
-			case e == unix.EAGAIN || e == unix.EINTR:
-				return false
-			case e != nil:
-				rerr = os.NewSyscallError("recvfrom", e)
-			case n == 0:
-				eof = true
+		if err := sc.Read(cp.fill); err != nil {
+			return total, err
+		}
+		switch {
+		case cp.err != nil && cp.p == nil:
+			return total, cp.err // no pipe to be had
+		case cp.err != nil:
+			return total, os.NewSyscallError("splice", cp.err)
+		case cp.n == 0:
+			return total, nil // the end
+		}
+		cp.p.n += cp.n
+		for cp.p.n > 0 {
+			if err := dc.Write(cp.drain); err != nil {
+				return total, err
 			}
-			return true
-		}); err != nil {
-			return total, err
-		}
-		if rerr != nil || eof {
-			return total, rerr
-		}
-		p, err := pp.get()
-		if err != nil {
-			return total, err
-		}
-		n, err := p.burst(dc, sc)
-		total += n
-		pp.put(p)
-		if err != nil {
-			return total, err
+			if cp.err != nil {
+				return total, os.NewSyscallError("splice", cp.err)
+			}
+			if cp.n == 0 {
+				return total, io.ErrShortWrite
+			}
+			cp.p.n -= cp.n
+			total += cp.n
 		}
 	}
 }
 
-// burst moves what src has to dst through the pipe, until src would
-// block or ends.
-func (p *pipe) burst(dc, sc syscall.RawConn) (int64, error) {
-	var total int64
-	for {
-		var n int64
-		var serr error
-		if err := sc.Read(func(fd uintptr) bool {
-			for {
-				n, serr = unix.Splice(int(fd), nil, p.w, nil, maxSplice, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-				if serr != unix.EINTR {
-					return true
-				}
+// copier is the state of one copyRaw, with the functions it hands the
+// runtime's poller made once: copiers are pooled, so a burst, and a
+// connection, costs no allocation for them.
+type copier struct {
+	pp          *pipePool
+	p           *pipe // the pipe of the burst, nil between bursts
+	n           int64 // what the last splice moved
+	err         error // and how it failed
+	fill, drain func(fd uintptr) bool
+}
+
+func newCopier(pp *pipePool) *copier {
+	cp := &copier{pp: pp}
+	cp.fill = func(fd uintptr) bool {
+		if cp.p == nil {
+			if cp.p, cp.err = pp.get(); cp.err != nil {
+				return true
 			}
-		}); err != nil {
-			return total, err
 		}
-		switch {
-		case serr == unix.EAGAIN:
-			return total, nil
-		case serr != nil:
-			return total, os.NewSyscallError("splice", serr)
-		case n == 0:
-			return total, nil // the end: the caller's next wait sees it
+		for {
+			cp.n, cp.err = unix.Splice(int(fd), nil, cp.p.w, nil, maxSplice, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+			if cp.err != unix.EINTR {
+				break
+			}
 		}
-		p.n += n
-		for p.n > 0 {
-			var m int64
-			var werr error
-			if err := dc.Write(func(fd uintptr) bool {
-				m, werr = unix.Splice(p.r, nil, int(fd), nil, int(p.n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-				return werr != unix.EAGAIN && werr != unix.EINTR
-			}); err != nil {
-				return total, err
-			}
-			if werr != nil {
-				return total, os.NewSyscallError("splice", werr)
-			}
-			if m == 0 {
-				return total, io.ErrShortWrite
-			}
-			p.n -= m
-			total += m
+		if cp.err == unix.EAGAIN {
+			pp.put(cp.p) // empty: every burst is moved on whole
+			cp.p = nil
+			return false
 		}
+		return true
 	}
+	cp.drain = func(fd uintptr) bool {
+		cp.n, cp.err = unix.Splice(cp.p.r, nil, int(fd), nil, int(cp.p.n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		return cp.err != unix.EAGAIN && cp.err != unix.EINTR
+	}
+	return cp
 }
 
 // splice copies between the raw sockets with splice(2), after the bytes
@@ -180,12 +189,22 @@ func (p *pipe) burst(dc, sc syscall.RawConn) (int64, error) {
 // meanwhile.
 func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 	defer up.Close()
+	clientRC, err := c.client.SyscallConn()
+	if err != nil {
+		c.rec.Close = "client error: " + err.Error()
+		return
+	}
+	upRC, err := up.SyscallConn()
+	if err != nil {
+		c.rec.Close = "upstream error: " + err.Error()
+		return
+	}
 	var down int64
 	var downErr error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		down, downErr = p.pipes.copy(c.client, up)
+		down, downErr = p.pipes.copyRaw(clientRC, upRC)
 		c.client.CloseWrite()
 	}()
 	if c.silent {
@@ -210,7 +229,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 	}
 	// Forwarded: a connection held open for hours keeps none of it.
 	c.peeked, c.hello, c.head = nil, nil, nil
-	n, upErr := p.pipes.copy(up, c.client)
+	n, upErr := p.pipes.copyRaw(upRC, clientRC)
 	c.rec.Up += n
 	if upErr != nil {
 		// The client broke off: end the other direction too.

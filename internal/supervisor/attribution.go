@@ -15,7 +15,10 @@ type attribution struct {
 	d       *Daemon // its Docker connection, which may come later
 	sandbox string
 	gateway netip.Addr
-	leases  string       // the sandbox's lease directory
+	leases  string // the sandbox's lease directory
+	// cache answers for the lease directory from memory; nil reads the
+	// lease file on every lookup.
+	cache   *netns.LeaseCache
 	dockers netip.Prefix // Docker's half of the subnet, where there are no leases
 }
 
@@ -26,7 +29,13 @@ func (a attribution) member(addr netip.Addr) string {
 	// Leases are only ever taken below Docker's range: no file to open
 	// for a container's address.
 	if !a.dockers.Contains(addr) {
-		if src := netns.LeaseSource(a.leases, addr); src != "" {
+		src := ""
+		if a.cache != nil {
+			src = a.cache.Source(addr)
+		} else {
+			src = netns.LeaseSource(a.leases, addr)
+		}
+		if src != "" {
 			return src
 		}
 	}

@@ -311,6 +311,13 @@ func (d *Daemon) startSandboxLocked(sb config.Sandbox, fromAPI bool) (_ *sandbox
 		return nil, err
 	}
 	attr := attribution{d: d, sandbox: sb.Name, gateway: s.net.Gateway, leases: d.cfg.LeaseDir(sb.Name), dockers: s.net.DockerRange()}
+	if cache, cerr := netns.NewLeaseCache(attr.leases); cerr != nil {
+		// Still right, only slower: each lookup reads the lease file.
+		d.log.Warn("member leases are read on every connection and query", "sandbox", sb.Name, "err", cerr)
+	} else {
+		attr.cache = cache
+		s.closers = append(s.closers, cache.Close)
+	}
 	members := attr.member
 	guard, err := dnsgate.NewGuard(dnsgate.GuardConfig{
 		MaxLabelLen:   d.cfg.Exfil.MaxLabelLen,
