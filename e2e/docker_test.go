@@ -371,6 +371,92 @@ func TestDocker(t *testing.T) {
 		}
 	})
 
+	t.Run("a container asks for a port at airlock.internal and a person's allow exposes it", func(t *testing.T) {
+		if out, err := docker(t, "run", "-d", "--network", "airlock-"+dk1, "--name", "e2e-asker", "--label", "airlock.source=asker", dkImage, "serve", ":8080"); err != nil {
+			t.Fatal(out)
+		}
+		defer docker(t, "rm", "-f", "e2e-asker")
+		ip, err := docker(t, "inspect", "e2e-asker", "--format", "{{(index .NetworkSettings.Networks \"airlock-"+dk1+"\").IPAddress}}")
+		if err != nil {
+			t.Fatal(ip)
+		}
+		ip = strings.TrimSpace(ip)
+		direct := &http.Client{Timeout: 3 * time.Second}
+		unreachable := func(when string) {
+			t.Helper()
+			if resp, err := direct.Get("http://" + ip + ":8080/"); err == nil {
+				resp.Body.Close()
+				t.Fatalf("%s: the host reached the container's port directly", when)
+			}
+		}
+		unreachable("before the request")
+		// The member asks, and waits for the answer.
+		asked := make(chan string, 1)
+		go func() {
+			out, _ := docker(t, "exec", "-e", "PROBE_TIMEOUT=60", "e2e-asker", "/probe", "post", "http://airlock.internal/v1/requests", `{"kind":"port","port":8080,"reason":"preview the app"}`)
+			asked <- out
+		}()
+		var id string
+		testenv.WaitFor(t, 20*time.Second, "the port request in the approvals list", func() bool {
+			_, body := dkCall(t, token, "GET", "/sandboxes/"+dk1+"/approvals", "")
+			var as []ui.ApprovalView
+			if json.Unmarshal([]byte(body), &as) != nil {
+				return false
+			}
+			for _, a := range as {
+				if a.Kind == "port" && a.Port == 8080 && a.Source == "asker" && a.Reason == "preview the app" {
+					id = a.ID
+				}
+			}
+			return id != ""
+		})
+		unreachable("while the request waits")
+		if _, body := dkCall(t, token, "GET", "/sandboxes/"+dk1+"/exposures", ""); body != "[]\n" {
+			t.Fatalf("exposures before the approval: %s", body)
+		}
+		if status, body := dkCall(t, token, "POST", "/sandboxes/"+dk1+"/approvals/"+id, `{"action": "allow"}`); status != 200 {
+			t.Fatalf("allow: %d %s", status, body)
+		}
+		var out string
+		select {
+		case out = <-asked:
+		case <-time.After(70 * time.Second):
+			t.Fatal("the member got no answer")
+		}
+		var xs []ui.Exposure
+		_, body := dkCall(t, token, "GET", "/sandboxes/"+dk1+"/exposures", "")
+		if json.Unmarshal([]byte(body), &xs) != nil || len(xs) != 1 || xs[0].Member != "asker" || xs[0].Port != 8080 || xs[0].Addr != ip {
+			t.Fatalf("exposures after the approval: %s", body)
+		}
+		if !strings.Contains(out, "status 200") || !strings.Contains(out, `"approved"`) || !strings.Contains(out, xs[0].HostAddr) {
+			t.Errorf("the member's answer: %s", out)
+		}
+		resp, err := direct.Get(xs[0].URL)
+		if err != nil {
+			t.Fatalf("GET %s: %v", xs[0].URL, err)
+		}
+		page, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(page) != "sidecar" {
+			t.Errorf("GET %s = %q, want the container's page", xs[0].URL, page)
+		}
+		// Another sandbox still reaches neither the container nor the
+		// host port (a member's 127.0.0.1 is its own).
+		for _, u := range []string{"http://" + ip + ":8080/", "http://" + xs[0].HostAddr + "/"} {
+			if out, _ := docker(t, "run", "--rm", "--network", "airlock-"+dk2, dkImage, "get", u); strings.Contains(out, "status 200") {
+				t.Errorf("a member of another sandbox reached %s: %s", u, out)
+			}
+		}
+		unreachable("with the exposure open")
+		if status, body := dkCall(t, token, "DELETE", "/sandboxes/"+dk1+"/exposures/"+xs[0].ID, ""); status/100 != 2 {
+			t.Fatalf("close: %d %s", status, body)
+		}
+		if resp, err := direct.Get(xs[0].URL); err == nil {
+			resp.Body.Close()
+			t.Error("the closed exposure still serves")
+		}
+	})
+
 	t.Run("an exposure reaches a container's port from the host until the container goes", func(t *testing.T) {
 		if out, err := docker(t, "run", "-d", "--network", "airlock-"+dk1, "--name", "e2e-web", "--label", "airlock.source=web", dkImage, "serve", ":8080"); err != nil {
 			t.Fatal(out)
