@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Proxy part of `make bench`: runs BenchmarkProxy and BenchmarkIntercept
-# (e2e/bench_test.go) once each and appends tables with the ratios of
-# airlock to every other path to BENCHMARKS.md (BENCH_OUT), and the figures
-# as "TEST PATH UNIT VALUE" lines to BENCH_DATA. QUICK=1: less work each.
+# (e2e/bench_test.go) once each (each speed figure in it the median of
+# three rounds, the paths taking turns) and appends tables with the ratios
+# of airlock to every other path to BENCHMARKS.md (BENCH_OUT), and the
+# figures as "TEST PATH UNIT VALUE" lines to BENCH_DATA. QUICK=1: one
+# round, less work each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -12,18 +14,26 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 ulimit -n "$(ulimit -Hn)"
 
-units="MB/s cpu-ms/GB conns/s req/s p50-ms p99-ms KiB/conn failed"
+units="MB/s cpu-ms/GB conns/s cpu-us/conn req/s cpu-us/req p50-ms p99-ms KiB/conn failed"
 # table FILE BENCHMARK: a markdown table of BENCHMARK's sub-benchmarks,
 # named TEST/PATH, one row per test and unit, one column per path; a path
-# a test does not run shows "-".
+# a test does not run shows "-". A figure measured in several rounds is
+# their median, with their spread (UNIT-min, UNIT-max) after it; ratios
+# are of medians.
 table() {
 	awk -v bench="$2" -v units="$units" '
 		index($1, "Benchmark" bench "/") == 1 {
 			split($1, a, "/"); test = a[2]; path = a[3]; sub("-[0-9]+$", "", path)
 			if (!(path in pseen)) { pseen[path] = 1; np++ }
 			if (!(test in tseen)) { tseen[test] = 1; tests[++nt] = test }
-			for (i = 4; i < NF; i++) if (index(" " units " ", " " $(i+1) " ")) { v[test, path, $(i+1)] = $i; useen[test, $(i+1)] = 1 }
+			for (i = 4; i < NF; i++) {
+				u = $(i+1)
+				if (index(" " units " ", " " u " ")) { v[test, path, u] = $i; useen[test, u] = 1 }
+				else if (u ~ /-min$/) { lo[test, path, substr(u, 1, length(u) - 4)] = $i }
+				else if (u ~ /-max$/) { hi[test, path, substr(u, 1, length(u) - 4)] = $i }
+			}
 		}
+		function num(unit, x) { return sprintf(unit ~ /ms$|KiB|cpu-us/ && x < 1000 ? "%.3g" : "%.0f", x) }
 		END {
 			# Columns in a fixed order: the physical limit first, airlock last.
 			n = 0; split("direct haproxy mitmdump sslsplit squid airlock", order, " ")
@@ -37,8 +47,11 @@ table() {
 				if (!((t, unit) in useen)) continue
 				printf "| %s %s |", t, unit
 				for (p = 1; p <= np; p++) {
-					if (!((t, paths[p], unit) in v)) printf " - |"
-					else printf (unit ~ /ms$|KiB/ ? " %.3g |" : " %.0f |"), v[t, paths[p], unit]
+					key = t SUBSEP paths[p] SUBSEP unit
+					if (!(key in v)) { printf " - |"; continue }
+					printf " %s", num(unit, v[key])
+					if ((key in lo) && (key in hi)) printf " (%s–%s)", num(unit, lo[key]), num(unit, hi[key])
+					printf " |"
 				}
 				for (p = 1; p <= np; p++) if (paths[p] != "airlock") {
 					if (!((t, "airlock", unit) in v) || !((t, paths[p], unit) in v)) { printf " - |"; continue }
@@ -51,49 +64,56 @@ table() {
 		}' "$1"
 }
 
-AIRLOCK_BENCH_QUICK=$QUICK AIRLOCK_REQUIRE_PRIVILEGED=1 $GO test -run '^$' -bench '^(BenchmarkProxy|BenchmarkIntercept)$' -benchtime 1x -count 1 -timeout 9m ./e2e | tee "$out"
+AIRLOCK_BENCH_QUICK=${QUICK:-} AIRLOCK_REQUIRE_PRIVILEGED=1 $GO test -run '^$' -bench '^(BenchmarkProxy|BenchmarkIntercept)$' -benchtime 1x -count 1 -timeout 9m ./e2e | tee "$out"
 grep -q '^ok' "$out" || { echo "bench-proxy: a benchmark failed"; exit 1; }
+if [ -n "${QUICK:-}" ]; then
+	rounds_text="Each figure is one run (make bench-quick)."
+	size_text="64 MiB" isize_text="128 MiB" ka_secs=1 conn_text="600 connections"
+else
+	rounds_text="Each speed and CPU figure is the median of three rounds, the paths taking turns within each round, with the spread of the three (min–max) after it; ratios are of medians."
+	size_text="512 MiB (one stream, or 8 of 64 MiB)" isize_text="512 MiB" ka_secs=2 conn_text="1,000 connections"
+fi
 awk -v units="$units" '/^Benchmark(Proxy|Intercept)\// {
 	split($1, a, "/"); b = tolower(a[1]); sub("benchmark", "", b); p = a[3]; sub("-[0-9]+$", "", p)
 	for (i = 4; i < NF; i++) if (index(" " units " ", " " $(i+1) " ")) print b "/" a[2], p, $(i+1), $i
 }' "$out" >> "$DATA"
 {
 	echo
-	echo "## Transparent proxy, spliced (\`go test -bench BenchmarkProxy ./e2e\`, one run)"
+	echo "## Transparent proxy, spliced (\`go test -bench BenchmarkProxy ./e2e\`)"
 	echo
 	echo "Three paths crossing the same two veths to the test internet's Go HTTPS server (ECDSA P-256), all fetching by name:"
 	echo "**direct** (the host only forwards), **haproxy** in transparent TCP mode (DNAT to it, upstream = original"
 	echo "destination), **airlock** (a sandbox member; DNAT to airlock's proxy, which decides, dials by name and splices)."
+	echo "$rounds_text"
+	echo "cpu-*: the proxy process's user+system time (\`/proc/PID/stat\`) while the load ran, per GB carried, per connection"
+	echo "or per request."
 	echo "idle: TLS connections opened (one request each) and held; the proxy's resident memory growth per connection"
-	echo "(held: as many as the open-file limit lets a proxy hold with two sockets each, at most 10,000)."
-	echo "Downloads: curl pinned to CPU 1; cpu-ms/GB is the proxy process's user+system time per GB carried."
-	echo "Connect: sequential HTTPS requests, each on a new TLS connection (\`hey -c 1 -disable-keepalive\`, pinned to CPU 1);"
-	echo "latency per request, DNS lookup and TLS handshake included (hey reports it in 0.1 ms steps); three runs of a third"
-	echo "each, the one with the median rate shown (the machine stalls now and then, and one stall is a run's p99). approval: a member fetches unknown names one after another; each is approved (allow_once)"
+	echo "(held: as many as the open-file limit lets a proxy hold with two sockets each, at most 10,000; one run)."
+	echo "Downloads: curl pinned to CPU 1, $size_text a round."
+	echo "Connect: sequential HTTPS requests, each on a new TLS connection (\`hey -c 1 -disable-keepalive\`, pinned to CPU 1),"
+	echo "$conn_text a round; latency per request, DNS lookup and TLS handshake included (hey reports it in 0.1 ms steps)."
+	echo "approval (one run): a member fetches unknown names one after another; each is approved (allow_once)"
 	echo "through the API as soon as it is pending; time from the POST to the response's first byte at the member."
 	echo "connect-rules=N: airlock's connection rate with its policy file at 10 and at 100,000 rules (reloaded in between)."
-	echo "Goals: splice ≥ 0.9x direct and ≥ 1.0x haproxy; connections ≥ 0.7x direct, p99 added ≤ 0.2 ms; idle ≤ 16 KiB;"
-	echo "approval p99 ≤ 50 ms; 100,000 rules ≤ 5 % slower than 10."
 	echo
 	table "$out" Proxy
 	echo
-	echo "## TLS interception (\`go test -bench BenchmarkIntercept ./e2e\`, one run)"
+	echo "## TLS interception (\`go test -bench BenchmarkIntercept ./e2e\`)"
 	echo
 	echo "HTTPS to the same server: **direct** (TLS end to end), **mitmdump** (Debian's mitmproxy) in transparent mode with"
 	echo "streaming bodies, **sslsplit** splitting TLS (original destination from netfilter, upstream verified, ECDSA leaf key),"
 	echo "**squid** with ssl-bump in intercept mode (peek, then bump; caching off; one worker), **airlock** with \`inspect: all\`"
-	echo "(TLS terminated with a minted leaf, each request decided and forwarded over a pooled upstream connection)."
-	echo "Download: 1 GiB, curl pinned to CPU 1. Keep-alive: small responses over 8 connections for $( [ -n "$QUICK" ] && echo 1 || echo 3 ) s, pinned to CPU 1:"
-	echo "\`wrk -t1 -c8\` (HTTP/1.1) and \`h2load -t1 -c8 -m1\` (HTTP/2, one stream at a time per connection). Handshakes: new"
-	echo "connections, 8 at a time, each one request, from a Go client (wrk, h2load and hey take one host name per run):"
-	echo "warm = one name; cold = 10,000 names under \`*.bench.test\` (airlock mints a leaf for each; sslsplit and squid copy"
-	echo "the upstream's wildcard certificate, so their cache covers every name). mitmdump gets a sixteenth of the download;"
-	echo "sslsplit a sixteenth and squid a quarter of the handshakes (each sslsplit connection waits ~250 ms whatever the"
-	echo "load: latency-bound, not CPU-bound). sslsplit and squid do not offer HTTP/2: their keepalive-h2 row is"
-	echo "\`h2load --h1\`, HTTP/1.1."
-	echo "failed: new connections that failed (shown when any did; more than 1% fails the run)."
-	echo "Goals: keep-alive ≥ 50x mitmdump and ≥ 1.0x sslsplit; warm handshakes ≥ 1.0x sslsplit, cold ≥ 0.7x warm;"
-	echo "bulk ≥ 0.5x direct; idle ≤ 64 KiB."
+	echo "(TLS terminated with a minted leaf, each request decided, recorded and forwarded over a pooled upstream connection)."
+	echo "$rounds_text"
+	echo "Download: curl pinned to CPU 1, $isize_text a round. Keep-alive: small responses over 8 connections for $ka_secs s a round,"
+	echo "pinned to CPU 1: \`wrk -t1 -c8\` (HTTP/1.1) and \`h2load -t1 -c8 -m1\` (HTTP/2, one stream at a time per connection)."
+	echo "Handshakes: new connections, 8 at a time, each one request, from a Go client (wrk, h2load and hey take one host name"
+	echo "per run): warm = one name; cold = names under \`*.bench.test\` none of the paths has seen, new ones each round"
+	echo "(airlock mints a leaf for each; sslsplit and squid copy the upstream's wildcard certificate, so their cache covers"
+	echo "every name). mitmdump gets a sixteenth of the download; sslsplit a sixteenth and squid a quarter of the handshakes"
+	echo "(each sslsplit connection waits ~250 ms whatever the load: latency-bound, not CPU-bound). sslsplit and squid do not"
+	echo "offer HTTP/2: their keepalive-h2 row is \`h2load --h1\`, HTTP/1.1."
+	echo "failed: new connections that failed, over all rounds (shown when any did; more than 1% of a round fails the run)."
 	echo
 	table "$out" Intercept
 } >> "$OUT"

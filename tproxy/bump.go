@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,19 +90,21 @@ func (p *Proxy) bump(c *conn, host string, port uint16) {
 		client = tc
 	}
 	c.rec.Verdict = policy.Allow
-	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme}
-	h.fwd = p.reverseProxy(scheme, &h1Client{pool: p.h1, scheme: scheme})
+	authority := host
+	if !(scheme == "https" && port == 443) && !(scheme == "http" && port == 80) {
+		authority += ":" + strconv.Itoa(int(port))
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(int(port)))
+	h := &bumpHandler{p: p, c: c, host: host, port: port, scheme: scheme, authority: authority, addr: addr,
+		key: scheme + "://" + addr + " " + c.rec.Source, pool: &h1Client{pool: p.h1, scheme: scheme}}
+	h.fwd = p.reverseProxy(scheme, h.pool)
 	if proto == "h2" {
 		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(client, &http2.ServeConnOpts{
 			Context: p.ctx,
 			Handler: h,
 		})
 	} else {
-		done := make(chan struct{})
-		l := &oneConnListener{conn: &closeNotifyConn{Conn: client, done: done}, done: done}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: p.cfg.PeekTimeout, IdleTimeout: p.cfg.IdleTimeout,
-			ErrorLog: log.New(io.Discard, "", 0), BaseContext: func(net.Listener) context.Context { return p.ctx }}
-		srv.Serve(l)
+		newH1Server(p, client, h).serve()
 	}
 	h.mu.Lock()
 	c.rec.Close = fmt.Sprintf("intercepted, %d requests", h.requests)
@@ -116,8 +117,18 @@ type bumpHandler struct {
 	host   string
 	port   uint16
 	scheme string
-	// fwd forwards the connection's requests (h1Client).
-	fwd *httputil.ReverseProxy
+	// authority is the connection's host with its port where the scheme's
+	// is another: the Host header every request goes upstream with.
+	authority string
+	// addr is the upstream's host and port, whatever the Host header's
+	// spelling or (missing) port.
+	addr string
+	// key names the pool's connections for addr and the member.
+	key string
+	// pool carries GET and HEAD upstream (forward); fwd, a ReverseProxy
+	// over the same, the rest.
+	pool *h1Client
+	fwd  *httputil.ReverseProxy
 
 	mu       sync.Mutex // guards requests
 	requests int
@@ -128,10 +139,6 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.requests++
 	h.mu.Unlock()
 	start := time.Now()
-	authority := h.host
-	if !(h.scheme == "https" && h.port == 443) && !(h.scheme == "http" && h.port == 80) {
-		authority += ":" + strconv.Itoa(int(h.port))
-	}
 	// The one form of the target that is decided on, recorded, shown to a
 	// person and forwarded (design §5.6); a target servers could read in
 	// another way is refused before any rule sees it.
@@ -142,11 +149,15 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := RequestRecord{
 		ConnID: h.c.rec.ID, Time: start, Sandbox: h.p.cfg.Sandbox, Source: h.c.rec.Source,
-		Method: r.Method, URL: h.scheme + "://" + authority + shown, Host: h.host,
+		Method: r.Method, URL: h.scheme + "://" + h.authority + shown, Host: h.host,
 		Proto: r.Proto, Verdict: policy.Deny, Headers: sanitizeHeaders(r.Header), LLM: h.c.rec.LLM,
 	}
-	rw := &recordingWriter{ResponseWriter: w, start: start}
-	body := &countingBody{ReadCloser: r.Body}
+	// One allocation for both: each request has its own.
+	state := &struct {
+		rw   recordingWriter
+		body countingBody
+	}{rw: recordingWriter{ResponseWriter: w, start: start}, body: countingBody{ReadCloser: r.Body}}
+	rw, body := &state.rw, &state.body
 	r.Body = body
 	defer func() {
 		rec.Status, rec.ResBytes, rec.TTFB = rw.status, rw.n, rw.ttfb
@@ -222,11 +233,12 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Verdict = policy.Allow
+	if pooled(r) && h.pool.forward(rw, r, rec.Source, h.key, h.addr, h.authority, target) {
+		return
+	}
 	ctx := context.WithValue(r.Context(), sourceKey{}, rec.Source)
-	// The upstream is the connection's name and port, whatever the Host
-	// header's spelling or (missing) port.
-	ctx = context.WithValue(ctx, targetKey{}, net.JoinHostPort(h.host, strconv.Itoa(int(h.port))))
-	ctx = context.WithValue(ctx, authorityKey{}, authority)
+	ctx = context.WithValue(ctx, targetKey{}, h.addr)
+	ctx = context.WithValue(ctx, authorityKey{}, h.authority)
 	h.fwd.ServeHTTP(rw, r.WithContext(ctx))
 }
 
@@ -260,7 +272,8 @@ func setTarget(r *http.Request, target string) error {
 
 // methodOverrides are the headers with which clients tell servers to treat
 // a request as another method.
-var methodOverrides = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"}
+// (in canonical form, the form a header map holds them in).
+var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
 // overrideMethods returns the methods a request's override headers name,
 // upper-cased: every value of each, and every item of a comma-separated
@@ -268,7 +281,7 @@ var methodOverrides = []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Met
 func overrideMethods(h http.Header) []string {
 	var out []string
 	for _, k := range methodOverrides {
-		for _, v := range h.Values(k) {
+		for _, v := range h[k] {
 			for _, m := range strings.Split(v, ",") {
 				if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
 					out = append(out, m)
@@ -317,14 +330,29 @@ func validPort(p string) bool {
 	return true
 }
 
-// copyBuffers lends the ReverseProxy the buffers it copies response bodies
-// with; without it each response allocates 32 KiB.
-var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+// copyBuffers lends forward and the ReverseProxy the buffers they copy
+// response bodies with; without it each response allocates 32 KiB.
+var copyBuffers = &bufferPool{free: make(chan []byte, 64)}
 
-type bufferPool struct{ pool sync.Pool }
+// bufferPool keeps up to cap(free) buffers of 32 KiB: a channel of slices,
+// since a sync.Pool of them would allocate on every Put.
+type bufferPool struct{ free chan []byte }
 
-func (p *bufferPool) Get() []byte  { return *p.pool.Get().(*[]byte) }
-func (p *bufferPool) Put(b []byte) { p.pool.Put(&b) }
+func (p *bufferPool) Get() []byte {
+	select {
+	case b := <-p.free:
+		return b
+	default:
+		return make([]byte, 32<<10)
+	}
+}
+
+func (p *bufferPool) Put(b []byte) {
+	select {
+	case p.free <- b:
+	default:
+	}
+}
 
 // reverseProxy forwards requests over tr to the connection's host and
 // port (targetKey), answering 403 for what the SSRF guard refuses and 502
@@ -337,6 +365,9 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 			// The Host header says exactly what was decided, whatever
 			// spelling the client used (case, a trailing dot, a port).
 			pr.Out.Host = pr.In.Context().Value(authorityKey{}).(string)
+			// And the query goes as decided and recorded, not re-encoded
+			// where Go's parser would not take it (";" separators).
+			pr.Out.URL.RawQuery = pr.In.URL.RawQuery
 		},
 		Transport:  tr,
 		BufferPool: copyBuffers,
@@ -346,23 +377,30 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 		FlushInterval: 0,
 		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			var se *ssrfError
-			if errors.As(err, &se) {
-				// A refusal, not an upstream failure.
-				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-				w.Header().Set("X-Airlock-Verdict", "deny")
-				w.WriteHeader(http.StatusForbidden)
-				source, _ := r.Context().Value(sourceKey{}).(string)
-				io.WriteString(w, denial{sandbox: p.cfg.Sandbox, source: source, request: r.Method + " " + r.URL.String(), reason: se.Error(),
-					suggest: "cidr:" + strings.Fields(se.refused[0])[0] + "/32", approvalURL: p.cfg.ApprovalURL}.page())
-				return
-			}
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			w.Header().Set("X-Airlock-Verdict", "upstream-error")
-			w.WriteHeader(http.StatusBadGateway)
-			fmt.Fprintf(w, "airlock could not get %s from the upstream: %v\n", r.URL.String(), explainUpstream(err))
+			source, _ := r.Context().Value(sourceKey{}).(string)
+			p.upstreamError(w, source, r.Method, r.URL.String(), err)
 		},
 	}
+}
+
+// upstreamError answers a request whose upstream exchange failed before
+// its answer began: 403 for what the SSRF guard refuses, 502 for any
+// other failure.
+func (p *Proxy) upstreamError(w http.ResponseWriter, source, method, url string, err error) {
+	var se *ssrfError
+	if errors.As(err, &se) {
+		// A refusal, not an upstream failure.
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Airlock-Verdict", "deny")
+		w.WriteHeader(http.StatusForbidden)
+		io.WriteString(w, denial{sandbox: p.cfg.Sandbox, source: source, request: method + " " + url, reason: se.Error(),
+			suggest: "cidr:" + strings.Fields(se.refused[0])[0] + "/32", approvalURL: p.cfg.ApprovalURL}.page())
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Airlock-Verdict", "upstream-error")
+	w.WriteHeader(http.StatusBadGateway)
+	fmt.Fprintf(w, "airlock could not get %s from the upstream: %v\n", url, explainUpstream(err))
 }
 
 func (p *Proxy) finishRequest(r RequestRecord) {
@@ -377,16 +415,17 @@ func (p *Proxy) finishRequest(r RequestRecord) {
 	}
 }
 
-// sensitive header names: credentials are masked in records.
-var sensitiveHeaders = []string{"authorization", "proxy-authorization", "cookie", "set-cookie"}
+// sensitive header names: credentials are masked in records, by name or
+// by a part of the name.
+var (
+	sensitiveHeaders = []string{"authorization", "proxy-authorization", "cookie", "set-cookie"}
+	sensitiveParts   = []string{"key", "token", "secret", "auth", "session", "password", "signature"}
+)
 
 func sanitizeHeaders(h http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, v := range h {
-		lk := strings.ToLower(k)
-		if slices.Contains(sensitiveHeaders, lk) || strings.Contains(lk, "key") || strings.Contains(lk, "token") ||
-			strings.Contains(lk, "secret") || strings.Contains(lk, "auth") || strings.Contains(lk, "session") ||
-			strings.Contains(lk, "password") || strings.Contains(lk, "signature") {
+		if sensitiveHeader(k) {
 			masked := make([]string, len(v))
 			for i := range masked {
 				masked[i] = "***"
@@ -394,9 +433,39 @@ func sanitizeHeaders(h http.Header) http.Header {
 			out[k] = masked
 			continue
 		}
-		out[k] = slices.Clone(v)
+		// Shared with the request: header values are never changed in
+		// place, only replaced.
+		out[k] = v
 	}
 	return out
+}
+
+// sensitiveHeader reports whether a header's name, in any case, is or
+// contains one of the sensitive ones.
+func sensitiveHeader(k string) bool {
+	var buf [64]byte
+	lk := buf[:0]
+	if len(k) > len(buf) {
+		lk = make([]byte, 0, len(k))
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		lk = append(lk, c)
+	}
+	for _, n := range sensitiveHeaders {
+		if string(lk) == n {
+			return true
+		}
+	}
+	for _, part := range sensitiveParts {
+		if bytes.Contains(lk, []byte(part)) {
+			return true
+		}
+	}
+	return false
 }
 
 // recordingWriter notes the status, the time of the response head and the
@@ -461,35 +530,3 @@ type prefixConn struct {
 }
 
 func (c *prefixConn) Read(b []byte) (int, error) { return c.r.Read(b) }
-
-// oneConnListener hands out one connection, then blocks until it is closed,
-// so that http.Server serves it to the end.
-type oneConnListener struct {
-	conn net.Conn
-	done chan struct{}
-	once sync.Once
-}
-
-func (l *oneConnListener) Accept() (net.Conn, error) {
-	var c net.Conn
-	l.once.Do(func() { c = l.conn })
-	if c != nil {
-		return c, nil
-	}
-	<-l.done
-	return nil, net.ErrClosed
-}
-
-func (l *oneConnListener) Close() error   { return nil }
-func (l *oneConnListener) Addr() net.Addr { return l.conn.LocalAddr() }
-
-type closeNotifyConn struct {
-	net.Conn
-	done chan struct{}
-	once sync.Once
-}
-
-func (c *closeNotifyConn) Close() error {
-	c.once.Do(func() { close(c.done) })
-	return c.Conn.Close()
-}

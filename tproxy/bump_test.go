@@ -19,7 +19,7 @@ import (
 
 // newBumpHarness is newHarness with a sandbox CA and the upstream's CA
 // trusted upstream.
-func newBumpHarness(t *testing.T, up *upstream, dst netip.AddrPort, policyYAML string, tune ...func(*Config)) (*harness, *CA) {
+func newBumpHarness(t testing.TB, up *upstream, dst netip.AddrPort, policyYAML string, tune ...func(*Config)) (*harness, *CA) {
 	ca, err := LoadOrCreateCA(filepath.Join(t.TempDir(), "ca"), "test")
 	if err != nil {
 		t.Fatal(err)

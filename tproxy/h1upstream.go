@@ -9,11 +9,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
 )
 
@@ -93,6 +98,11 @@ type h1Upstream struct {
 	br    *bufio.Reader
 	bw    *bufio.Writer
 	since time.Time // idle since
+	// peekFn and abortFn are peek and abort as values, made once: a
+	// method value made per request would be an allocation each.
+	peekFn   func(fd uintptr) bool
+	abortFn  func()
+	quietNow bool // peek's answer
 }
 
 // maxResponseHead bounds the bytes of a response's head (with any
@@ -103,10 +113,12 @@ const (
 	max1xx          = 5
 )
 
-// headLimit is the reader under an h1Upstream's bufio.Reader: while left
-// is set, reads stop with an error once it is spent.
+// headLimit is the reader under a bufio.Reader that reads heads (an
+// h1Upstream's responses, an h1Server's requests): while on, reads stop
+// with err once left is spent.
 type headLimit struct {
 	r    io.Reader
+	err  error
 	on   bool
 	left int64
 }
@@ -118,7 +130,7 @@ func (l *headLimit) Read(p []byte) (int, error) {
 		return l.r.Read(p)
 	}
 	if l.left <= 0 {
-		return 0, errHeadTooLarge
+		return 0, l.err
 	}
 	if int64(len(p)) > l.left {
 		p = p[:l.left]
@@ -136,15 +148,23 @@ func (u *h1Upstream) quiet() bool {
 	if u.br.Buffered() > 0 {
 		return false
 	}
-	quiet := false
-	var b [1]byte
-	err := u.raw.Read(func(fd uintptr) bool {
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		quiet = n <= 0 && err == unix.EAGAIN
-		return true
-	})
-	return err == nil && quiet
+	u.quietNow = false
+	err := u.raw.Read(u.peekFn)
+	return err == nil && u.quietNow
 }
+
+// peek looks at the socket for a byte without taking it: quiet when there
+// is none yet (EAGAIN), not when there is one or the upstream has closed.
+func (u *h1Upstream) peek(fd uintptr) bool {
+	var b [1]byte
+	// recvfrom without an address: unix.Recvfrom would allocate one.
+	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	u.quietNow = int(n) <= 0 && errno == unix.EAGAIN
+	return true
+}
+
+// abort ends what the connection is doing: its request's context ended.
+func (u *h1Upstream) abort() { u.conn.SetDeadline(time.Unix(1, 0)) }
 
 // h1Client is one client connection's use of the pool: a RoundTripper for
 // its ReverseProxy.
@@ -161,15 +181,42 @@ func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	// can reach no other member, and the SSRF guard's per-member cidr:
 	// rules hold for the connections they let through.
 	source, _ := req.Context().Value(sourceKey{}).(string)
-	if req.Method != http.MethodGet && req.Method != http.MethodHead || req.ContentLength != 0 || req.Header.Get("Upgrade") != "" {
+	if !pooled(req) || !c.take() {
 		return c.pool.transport(source).RoundTrip(req)
 	}
+	key := c.scheme + "://" + req.URL.Host + " " + source
+	return c.send(req, key, req.URL.Host, req.URL.Hostname(), upstreamHead{write: req.Write})
+}
+
+// upstreamHead says how a request's head is written upstream: by write
+// (the ReverseProxy's requests: Request.Write), or, when write is nil, by
+// writeRequestHead with target and authority (forward's).
+type upstreamHead struct {
+	write             func(io.Writer) error
+	target, authority string
+}
+
+// pooled reports whether the pool carries r: a GET or HEAD without a
+// body or an upgrade.
+func pooled(r *http.Request) bool {
+	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.ContentLength == 0 && r.Header.Get("Upgrade") == ""
+}
+
+// take claims one of the client's maxH1PerClient turns, or reports false.
+func (c *h1Client) take() bool {
 	if c.busy.Add(1) > maxH1PerClient {
 		c.busy.Add(-1)
-		return c.pool.transport(source).RoundTrip(req)
+		return false
 	}
+	return true
+}
+
+// send writes req's head (twice at most: once more on a fresh connection
+// when a kept-alive one turns out to be closed) to addr over a connection
+// pooled under key (scheme://addr member), and reads the response head.
+// The caller has taken a turn; the response's body gives it back.
+func (c *h1Client) send(req *http.Request, key, addr, host string, head upstreamHead) (*http.Response, error) {
 	l := c.pool
-	key := c.scheme + "://" + req.URL.Host + " " + source
 	for attempt := 0; ; attempt++ {
 		var u *h1Upstream
 		if attempt == 0 {
@@ -178,12 +225,12 @@ func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
 		reused := u != nil
 		if !reused {
 			var err error
-			if u, err = l.dial(req.Context(), key, c.scheme, req.URL.Host, req.URL.Hostname()); err != nil {
+			if u, err = l.dial(req.Context(), key, c.scheme, addr, host); err != nil {
 				c.busy.Add(-1)
 				return nil, err
 			}
 		}
-		resp, err := u.exchange(req, func() { c.busy.Add(-1) })
+		resp, err := u.exchange(req, head, c)
 		if err == nil {
 			return resp, nil // its body gives u back
 		}
@@ -269,13 +316,18 @@ func (l *h1Pool) sweep(all bool) {
 	}
 }
 
-// exchange writes req and reads the response head, skipping informational
-// answers (103 Early Hints), within req's context; done runs when the
-// response's body is closed.
-func (u *h1Upstream) exchange(req *http.Request, done func()) (*http.Response, error) {
-	conn := u.conn
-	stop := context.AfterFunc(req.Context(), func() { conn.SetDeadline(time.Unix(1, 0)) })
-	if err := req.Write(u.bw); err != nil {
+// exchange writes req's head and reads the response head, skipping
+// informational answers (103 Early Hints), within req's context; closing
+// the response's body gives client its turn back.
+func (u *h1Upstream) exchange(req *http.Request, head upstreamHead, client *h1Client) (*http.Response, error) {
+	stop := context.AfterFunc(req.Context(), u.abortFn)
+	var err error
+	if head.write != nil {
+		err = head.write(u.bw)
+	} else {
+		writeRequestHead(u.bw, req, head.target, head.authority)
+	}
+	if err != nil {
 		stop()
 		return nil, err
 	}
@@ -306,7 +358,7 @@ func (u *h1Upstream) exchange(req *http.Request, done func()) (*http.Response, e
 		// upstream that sends one anyway leaves it on the connection: such
 		// a connection is not kept.
 		bodiless := req.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified
-		resp.Body = &h1Body{u: u, rc: resp.Body, eof: resp.Body == http.NoBody, keep: !resp.Close && !bodiless, stop: stop, done: done}
+		resp.Body = &h1Body{u: u, rc: resp.Body, eof: resp.Body == http.NoBody, keep: !resp.Close && !bodiless, stop: stop, client: client}
 		return resp, nil
 	}
 }
@@ -336,20 +388,23 @@ func (l *h1Pool) dial(ctx context.Context, key, scheme, addr, host string) (*h1U
 		}
 		c = tc
 	}
-	head := &headLimit{r: c}
-	return &h1Upstream{pool: l, key: key, conn: c, raw: raw, head: head, br: bufio.NewReader(head), bw: bufio.NewWriter(c)}, nil
+	head := &headLimit{r: c, err: errHeadTooLarge}
+	u := &h1Upstream{pool: l, key: key, conn: c, raw: raw, head: head, br: bufio.NewReader(head), bw: bufio.NewWriter(c)}
+	u.peekFn, u.abortFn = u.peek, u.abort
+	return u, nil
 }
 
 // h1Body is a response body on an h1Upstream's connection: the connection
 // goes back to the pool only when the body was read to its end and the
 // upstream did not ask to close.
 type h1Body struct {
-	u    *h1Upstream
-	rc   io.ReadCloser
-	eof  bool
-	keep bool
-	stop func() bool
-	done func()
+	u      *h1Upstream
+	rc     io.ReadCloser
+	eof    bool
+	keep   bool
+	closed bool
+	stop   func() bool
+	client *h1Client // whose turn this was
 }
 
 func (b *h1Body) Read(p []byte) (int, error) {
@@ -360,8 +415,13 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Close gives the connection back to the pool, or closes it; once.
 func (b *h1Body) Close() error {
-	defer b.done()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	defer b.client.busy.Add(-1)
 	// A connection whose context ended has a deadline in the past.
 	if stopped := b.stop(); !b.eof || !b.keep || !stopped || b.u.br.Buffered() > 0 {
 		// Closed first, so that closing the body does not drain the rest of
@@ -372,4 +432,185 @@ func (b *h1Body) Close() error {
 	err := b.rc.Close()
 	b.u.pool.put(b.u)
 	return err
+}
+
+// forward carries r, a request the pool carries (pooled), to addr for
+// member source (its connections pooled under key) and copies the answer to w, as the ReverseProxy carries
+// the rest: hop-by-hop headers and the client's forwarding headers
+// dropped, Host the decided authority, the target as decided, the answer
+// streamed (flushed at every write for event streams and bodies of unknown
+// length), trailers passed on, and an answer that breaks off aborted
+// (http.ErrAbortHandler) rather than ended cleanly. It spares each request
+// the ReverseProxy's copy of it, its context values and its header copies.
+// It reports false, having done nothing, when the client's turns are all
+// taken (r then takes the ReverseProxy).
+func (c *h1Client) forward(w http.ResponseWriter, r *http.Request, source, key, addr, authority, target string) bool {
+	if !c.take() {
+		return false
+	}
+	resp, err := c.send(r, key, addr, c.pool.hostOf(addr), upstreamHead{target: target, authority: authority})
+	if err != nil {
+		c.pool.p.upstreamError(w, source, r.Method, c.scheme+"://"+addr+target, err)
+		return true
+	}
+	defer resp.Body.Close()
+	removeHopByHop(resp.Header)
+	dst := w.Header()
+	for k, vv := range resp.Header {
+		dst[k] = append(dst[k], vv...)
+	}
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		dst.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	if err := copyBody(w, resp.Body, flushEach(resp)); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if len(resp.Trailer) > 0 {
+		http.NewResponseController(w).Flush()
+		for k, vv := range resp.Trailer {
+			if len(resp.Trailer) != announced {
+				k = http.TrailerPrefix + k
+			}
+			for _, v := range vv {
+				dst.Add(k, v)
+			}
+		}
+	}
+	return true
+}
+
+// hostOf is addr's host, without the port.
+func (l *h1Pool) hostOf(addr string) string {
+	if i := strings.LastIndexByte(addr, ':'); i >= 0 {
+		return strings.Trim(addr[:i], "[]")
+	}
+	return addr
+}
+
+// flushEach reports whether an answer is flushed to the client at every
+// write, as the ReverseProxy flushes it: an event stream, or a body of
+// unknown length (an LLM's token stream).
+func flushEach(resp *http.Response) bool {
+	if resp.ContentLength == -1 {
+		return true
+	}
+	ct, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
+}
+
+// copyBody copies an answer's body to w with a pooled buffer.
+func copyBody(w http.ResponseWriter, body io.Reader, flush bool) error {
+	buf := copyBuffers.Get()
+	defer copyBuffers.Put(buf)
+	var rc *http.ResponseController
+	if flush {
+		rc = http.NewResponseController(w)
+	}
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return err
+			}
+			if rc != nil {
+				if err := rc.Flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// hopHeaders are dropped from what goes either way, as the ReverseProxy
+// drops them, with what a Connection header names; forwardingHeaders are
+// the client's, dropped from requests.
+var (
+	hopHeaders        = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+	forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+)
+
+// removeHopByHop drops h's hop-by-hop headers and those its Connection
+// header names.
+func removeHopByHop(h http.Header) {
+	for _, f := range h["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				h.Del(sf)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		delete(h, k)
+	}
+}
+
+// writeRequestHead writes the head of r as it goes upstream, byte for byte
+// what the ReverseProxy and Request.Write make of it: the request line with
+// the decided target, Host the decided authority, the client's first
+// User-Agent if it sent one, then its other headers sorted by name, less
+// hop-by-hop and forwarding headers and those its Connection header names,
+// and "Te: trailers" if it accepts trailers. Names that are not valid are
+// dropped, line breaks in values become spaces (the parsers upstream of
+// here let neither through).
+func writeRequestHead(bw *bufio.Writer, r *http.Request, target, authority string) {
+	var dropped []string // named by Connection, canonical
+	for _, f := range r.Header["Connection"] {
+		for sf := range strings.SplitSeq(f, ",") {
+			if sf = textproto.TrimString(sf); sf != "" {
+				dropped = append(dropped, http.CanonicalHeaderKey(sf))
+			}
+		}
+	}
+	bw.WriteString(r.Method)
+	bw.WriteByte(' ')
+	bw.WriteString(target)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(authority)
+	bw.WriteString("\r\n")
+	if ua := r.Header["User-Agent"]; len(ua) > 0 && ua[0] != "" && !slices.Contains(dropped, "User-Agent") {
+		bw.WriteString("User-Agent: ")
+		writeHeaderValue(bw, ua[0])
+		bw.WriteString("\r\n")
+	}
+	var keysBuf [32]string
+	keys := keysBuf[:0]
+	for k := range r.Header {
+		switch k {
+		case "Host", "User-Agent", "Content-Length":
+			continue
+		}
+		if slices.Contains(hopHeaders, k) || slices.Contains(forwardingHeaders, k) || slices.Contains(dropped, k) || !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		keys = append(keys, k)
+	}
+	if httpguts.HeaderValuesContainsToken(r.Header["Te"], "trailers") {
+		keys = append(keys, "Te")
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if k == "Te" {
+			bw.WriteString("Te: trailers\r\n")
+			continue
+		}
+		for _, v := range r.Header[k] {
+			bw.WriteString(k)
+			bw.WriteString(": ")
+			writeHeaderValue(bw, v)
+			bw.WriteString("\r\n")
+		}
+	}
+	bw.WriteString("\r\n")
 }

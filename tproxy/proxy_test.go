@@ -87,6 +87,9 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 	u.seenAt = append(u.seenAt, time.Now())
 	u.mu.Unlock()
 	switch path.Base(r.URL.Path) {
+	case "echo":
+		io.Copy(w, r.Body)
+		return
 	case "close":
 		w.Header().Set("Connection", "close")
 	case "events", "ndjson":
@@ -193,7 +196,7 @@ func (h *harness) waitPending(t *testing.T, waiting int) policy.Pending {
 
 // newHarness starts a proxy whose every connection claims to have been
 // going to dst, with the rules of a policy file.
-func newHarness(t *testing.T, up *upstream, dst netip.AddrPort, policyYAML string, tune func(*Config)) *harness {
+func newHarness(t testing.TB, up *upstream, dst netip.AddrPort, policyYAML string, tune func(*Config)) *harness {
 	t.Helper()
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
 	path := filepath.Join(t.TempDir(), "app.yaml")
