@@ -485,7 +485,9 @@ func (w *h1Response) WriteHeader(code int) {
 	}
 	for _, v := range w.header["Trailer"] {
 		for _, k := range strings.Split(v, ",") {
-			if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); k != "" {
+			// Names valid for a trailer only, as http.Server declares
+			// them: no other field written, none that frames or routes.
+			if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); httpguts.ValidHeaderFieldName(k) && httpguts.ValidTrailerHeader(k) && !slices.Contains(w.trailers, k) {
 				w.trailers = append(w.trailers, k)
 			}
 		}

@@ -250,3 +250,31 @@ func TestBumpHTTP1ExpectNotForwarded(t *testing.T) {
 		t.Errorf("answer: %q %q %v, want 200 and no Expect upstream", status, body, err)
 	}
 }
+
+// TestH1TrailersOnlyValidNames: trailers an answer declares go out only
+// under names valid for a trailer, as http.Server sends them: a name
+// from the upstream cannot write another field or a framing one.
+func TestH1TrailersOnlyValidNames(t *testing.T) {
+	p := &Proxy{ctx: t.Context(), log: slog.New(slog.DiscardHandler), cfg: Config{PeekTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}}
+	client, server := net.Pipe()
+	defer client.Close()
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Good, X-A:evil, Content-Length")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "body")
+		w.(http.Flusher).Flush()
+		w.Header()["X-Good"] = []string{"1"}
+		w.Header()["X-A:evil"] = []string{"2"}
+		w.Header()["Content-Length"] = []string{"3"}
+	})
+	go newH1Server(p, server, handler).serve()
+	go io.WriteString(client, "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+	raw, _ := io.ReadAll(client)
+	_, rest, _ := strings.Cut(string(raw), "\r\n0\r\n")
+	if rest != "X-Good: 1\r\n\r\n" {
+		t.Errorf("trailer section %q, want only X-Good\n%s", rest, raw)
+	}
+	if !strings.Contains(string(raw), "\r\nTrailer: X-Good\r\n") {
+		t.Errorf("Trailer header not only X-Good:\n%s", raw)
+	}
+}
