@@ -45,10 +45,9 @@ type h1Server struct {
 	// or its client goes away.
 	ctx    context.Context
 	cancel context.CancelFunc
-	// Each request's answer, body and watch, reused from one to the next
-	// (the connection carries one at a time).
+	// Each request's answer and watch, reused from one to the next (the
+	// connection carries one at a time).
 	w     h1Response
-	body  h1RequestBody
 	watch clientWatch
 	timer *time.Timer // starts the watch
 }
@@ -209,13 +208,18 @@ func (s *h1Server) serveRequest(req *http.Request) (keep, hijacked bool) {
 	req = req.WithContext(s.ctx)
 	req.RemoteAddr, req.TLS = s.remote, s.tls
 	clear(s.header)
-	w, body, watch := &s.w, &s.body, &s.watch
+	w, watch := &s.w, &s.watch
 	*w = h1Response{s: s, req: req, header: s.header, clen: -1, trailers: w.trailers[:0], pending: w.pending[:0], watch: watch}
-	*body = h1RequestBody{rc: req.Body, w: w, watch: watch}
+	// A body of its own for each request: a reader the handler left
+	// behind (a Transport's write loop) may still hold the last one, and
+	// must find it closed, not reading this request's bytes.
+	body := &h1RequestBody{rc: req.Body, w: w, watch: watch}
 	body.eof = req.Body == http.NoBody || req.ContentLength == 0
 	watch.reset(body.eof)
 	waitsForContinue := !body.eof && req.ProtoAtLeast(1, 1) && httpguts.HeaderValuesContainsToken(req.Header["Expect"], "100-continue")
 	w.canContinue.Store(waitsForContinue)
+	// Expect is answered here, never passed upstream (http.Server's way).
+	req.Header.Del("Expect")
 	req.Body = body
 	// A request still unanswered after watchAfter has its client watched,
 	// as http.Server watches every request: a client that goes away
@@ -354,12 +358,13 @@ type h1RequestBody struct {
 }
 
 func (b *h1RequestBody) Read(p []byte) (int, error) {
-	b.w.sendContinue()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
+		// Its answer is done: b.w may be the next request's.
 		return 0, http.ErrBodyReadAfterClose
 	}
+	b.w.sendContinue()
 	return b.readLocked(p)
 }
 
@@ -480,7 +485,9 @@ func (w *h1Response) WriteHeader(code int) {
 	}
 	for _, v := range w.header["Trailer"] {
 		for _, k := range strings.Split(v, ",") {
-			if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); k != "" {
+			// Names valid for a trailer only, as http.Server declares
+			// them: no other field written, none that frames or routes.
+			if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); httpguts.ValidHeaderFieldName(k) && httpguts.ValidTrailerHeader(k) && !slices.Contains(w.trailers, k) {
 				w.trailers = append(w.trailers, k)
 			}
 		}

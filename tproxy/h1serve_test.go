@@ -7,6 +7,8 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -202,3 +204,77 @@ func TestForwardHeadAsTheReverseProxy(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestH1RequestBodyEndsWithItsRequest: a request's body read after its
+// answer (by a goroutine the handler left behind, as a Transport's write
+// loop may be) gives nothing, never the next request's body or its 100
+// Continue.
+func TestH1RequestBodyEndsWithItsRequest(t *testing.T) {
+	p := &Proxy{ctx: t.Context(), log: slog.New(slog.DiscardHandler), cfg: Config{PeekTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}}
+	client, server := net.Pipe()
+	defer client.Close()
+	kept := make(chan io.Reader, 1)
+	stale := make(chan string, 1)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/first" {
+			kept <- r.Body // read later, not now
+			return
+		}
+		b := make([]byte, 64)
+		n, err := (<-kept).Read(b)
+		stale <- fmt.Sprintf("%q %v", b[:n], err)
+		io.Copy(io.Discard, r.Body)
+	})
+	go newH1Server(p, server, handler).serve()
+	go io.WriteString(client, "POST /first HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n\r\none"+
+		"POST /second HTTP/1.1\r\nHost: a.test\r\nContent-Length: 6\r\n\r\nsecret")
+	r := bufio.NewReader(client)
+	for range 2 {
+		if status, _, err := readAnswer(r, false); status != "200" {
+			t.Fatalf("answer: %q %v", status, err)
+		}
+	}
+	if got, want := <-stale, fmt.Sprintf("%q %v", "", http.ErrBodyReadAfterClose); got != want {
+		t.Errorf("the first body read during the second request: %s, want %s", got, want)
+	}
+}
+
+// TestBumpHTTP1ExpectNotForwarded: Expect is the client's with airlock,
+// which answers it; the upstream never sees it, as with http.Server.
+func TestBumpHTTP1ExpectNotForwarded(t *testing.T) {
+	up, h, roots := newAPIHarness(t)
+	c, r := dialAPI(t, h, roots)()
+	fmt.Fprintf(c, "GET /v1/expect HTTP/1.1\r\nHost: api.allowed.test:%d\r\nExpect: 100-continue\r\n\r\n", up.httpsPort)
+	status, body, err := readAnswer(r, false)
+	if status != "200" || body != "" {
+		t.Errorf("answer: %q %q %v, want 200 and no Expect upstream", status, body, err)
+	}
+}
+
+// TestH1TrailersOnlyValidNames: trailers an answer declares go out only
+// under names valid for a trailer, as http.Server sends them: a name
+// from the upstream cannot write another field or a framing one.
+func TestH1TrailersOnlyValidNames(t *testing.T) {
+	p := &Proxy{ctx: t.Context(), log: slog.New(slog.DiscardHandler), cfg: Config{PeekTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}}
+	client, server := net.Pipe()
+	defer client.Close()
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Good, X-A:evil, Content-Length")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "body")
+		w.(http.Flusher).Flush()
+		w.Header()["X-Good"] = []string{"1"}
+		w.Header()["X-A:evil"] = []string{"2"}
+		w.Header()["Content-Length"] = []string{"3"}
+	})
+	go newH1Server(p, server, handler).serve()
+	go io.WriteString(client, "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")
+	raw, _ := io.ReadAll(client)
+	_, rest, _ := strings.Cut(string(raw), "\r\n0\r\n")
+	if rest != "X-Good: 1\r\n\r\n" {
+		t.Errorf("trailer section %q, want only X-Good\n%s", rest, raw)
+	}
+	if !strings.Contains(string(raw), "\r\nTrailer: X-Good\r\n") {
+		t.Errorf("Trailer header not only X-Good:\n%s", raw)
+	}
+}

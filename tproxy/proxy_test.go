@@ -90,6 +90,10 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 	case "echo":
 		io.Copy(w, r.Body)
 		return
+	case "expect":
+		// Says what Expect it was sent.
+		io.WriteString(w, r.Header.Get("Expect"))
+		return
 	case "close":
 		w.Header().Set("Connection", "close")
 	case "events", "ndjson":
