@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -147,12 +146,6 @@ func BenchmarkBumpKeepAlive(b *testing.B) {
 	}
 }
 
-// cpuTime is the CPU time, user and system, this process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 type benchClient interface{ do() error }
 
