@@ -15,7 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -145,7 +144,6 @@ func BenchmarkBumpKeepAlive(b *testing.B) {
 		})
 	}
 }
-
 
 type benchClient interface{ do() error }
 
