@@ -160,20 +160,12 @@ func (g *Gate) Start() error {
 	if miekg {
 		sockets = 1
 	}
-	pcs, err := transparent.ListenPackets("udp4", g.cfg.Listen, g.cfg.Transparent, sockets)
+	pcs, ln, err := g.listen(sockets)
 	if err != nil {
-		return listenError("udp", g.cfg.Listen, err)
+		return err
 	}
-	// With port 0 (tests), TCP takes the port UDP got.
 	addr := pcs[0].LocalAddr().String()
 	g.addr = pcs[0].LocalAddr().(*net.UDPAddr).AddrPort()
-	ln, err := transparent.Listen("tcp4", g.addr, g.cfg.Transparent)
-	if err != nil {
-		for _, pc := range pcs {
-			pc.Close()
-		}
-		return listenError("tcp", g.cfg.Listen, err)
-	}
 	tcp := &dns.Server{Listener: ln, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
 	g.servers = []*dns.Server{tcp}
 	if miekg {
@@ -200,6 +192,28 @@ func (g *Gate) Start() error {
 	}
 	g.log.Info("dns gate listening", "addr", addr)
 	return nil
+}
+
+// listen binds the UDP sockets and the TCP listener. With port 0 (tests),
+// TCP takes the port UDP got; when a TCP socket of another program holds
+// that port, it tries other ports, a few times.
+func (g *Gate) listen(sockets int) ([]*net.UDPConn, net.Listener, error) {
+	for attempt := 1; ; attempt++ {
+		pcs, err := transparent.ListenPackets("udp4", g.cfg.Listen, g.cfg.Transparent, sockets)
+		if err != nil {
+			return nil, nil, listenError("udp", g.cfg.Listen, err)
+		}
+		ln, err := transparent.Listen("tcp4", pcs[0].LocalAddr().(*net.UDPAddr).AddrPort(), g.cfg.Transparent)
+		if err == nil {
+			return pcs, ln, nil
+		}
+		for _, pc := range pcs {
+			pc.Close()
+		}
+		if g.cfg.Listen.Port() != 0 || attempt == 20 {
+			return nil, nil, listenError("tcp", g.cfg.Listen, err)
+		}
+	}
 }
 
 // Addr returns the address the gate is bound to, once started.
