@@ -2,6 +2,7 @@ package tproxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -277,4 +278,59 @@ func TestH1TrailersOnlyValidNames(t *testing.T) {
 	if !strings.Contains(string(raw), "\r\nTrailer: X-Good\r\n") {
 		t.Errorf("Trailer header not only X-Good:\n%s", raw)
 	}
+}
+
+// FuzzH1Server feeds a client's bytes to an h1Server whose handler reads
+// the body and answers: whatever the bytes, it returns, and what it wrote
+// begins as an HTTP/1.1 answer.
+func FuzzH1Server(f *testing.F) {
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"GET /a HTTP/1.1\r\nHost: a.test\r\n\r\nHEAD /b HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: a.test\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
+		"GET /flush HTTP/1.0\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer ln.Close()
+	p := &Proxy{cfg: Config{PeekTimeout: 2 * time.Second, IdleTimeout: 2 * time.Second}, ctx: context.Background(), log: slog.New(slog.DiscardHandler)}
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
+		w.Header().Set("X-Target", r.RequestURI)
+		if r.URL.Path == "/flush" {
+			http.NewResponseController(w).Flush()
+		}
+		io.WriteString(w, "ok")
+	})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		client, err := net.Dial("tcp4", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		server, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { newH1Server(p, server, handler).serve(); close(done) }()
+		client.SetDeadline(time.Now().Add(10 * time.Second))
+		client.Write(in)
+		client.(*net.TCPConn).CloseWrite()
+		out, _ := io.ReadAll(client)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the server still serves %q", in)
+		}
+		if len(out) > 0 && !bytes.HasPrefix(out, []byte("HTTP/1.1 ")) {
+			t.Fatalf("answer to %q: %q", in, out)
+		}
+	})
 }
