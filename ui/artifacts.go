@@ -243,12 +243,12 @@ func (s *Server) containerLogs(c echo.Context) error {
 	stop := make(chan struct{})
 	var pings sync.WaitGroup
 	ready := func() error {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("X-Accel-Buffering", "no")
-		w.WriteHeader(http.StatusOK)
+		// Before the pings start: nothing else writes yet.
+		if err := openEventStream(w, "airlock logs"); err != nil {
+			return err
+		}
 		pings.Go(func() {
-			t := time.NewTicker(15 * time.Second)
+			t := time.NewTicker(eventPing)
 			defer t.Stop()
 			for {
 				select {
@@ -259,7 +259,7 @@ func (s *Server) containerLogs(c echo.Context) error {
 				}
 			}
 		})
-		return write(": airlock logs\n\n")
+		return nil
 	}
 	err = mo.Logs(c.Request().Context(), sandboxOf(c).Name(), c.Param("id"), q, ready, func(l LogLine) error {
 		b, _ := json.Marshal(l)

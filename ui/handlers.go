@@ -377,19 +377,33 @@ func (s *Server) listRequests(c echo.Context) error {
 	return c.JSON(http.StatusOK, out)
 }
 
+// eventPing is how often an idle event stream sends a comment, so that
+// proxies and browsers keep it open.
+const eventPing = 15 * time.Second
+
+// openEventStream answers with a server-sent event stream and writes a
+// first comment, so that the client sees it open at once; the error is
+// the write's (a client already gone).
+func openEventStream(w *echo.Response, comment string) error {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if _, err := fmt.Fprintf(w, ": %s\n\n", comment); err != nil {
+		return err
+	}
+	w.Flush()
+	return nil
+}
+
 // events streams the sandbox's journal as server-sent events: one event
 // per entry, named by its kind, with the entry as JSON data.
 func (s *Server) events(c echo.Context) error {
 	sub := sandboxOf(c).Journal().Subscribe(1024)
 	defer sub.Close()
 	w := c.Response()
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	fmt.Fprint(w, ": airlock events\n\n")
-	w.Flush()
-	ping := time.NewTicker(15 * time.Second)
+	openEventStream(w, "airlock events")
+	ping := time.NewTicker(eventPing)
 	defer ping.Stop()
 	ctx := c.Request().Context()
 	for {
