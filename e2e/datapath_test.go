@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -153,6 +154,18 @@ func TestDatapathIsTPROXY(t *testing.T) {
 		if !regexp.MustCompile(`msg=connection .*host=allowed\.test port=80 .*dest=198\.1[89]\.\d+\.\d+:80 `).MatchString(d.Log.String()) {
 			t.Errorf("the proxy logged no connection to allowed.test at its fake IP")
 		}
+		// After its SYN, a connection's packets go from the bridge to the
+		// proxy's socket directly: the divert pair carries the SYN alone.
+		syns := regexp.MustCompile(`meta l4proto tcp counter packets \d+ bytes \d+ dup to`)
+		fast := regexp.MustCompile(`socket transparent 1 counter packets \d+ bytes \d+ notrack`)
+		syn0, fast0 := ruleCounter(t, w, "netdev", "divert-al-"+sbA, syns), ruleCounter(t, w, "inet", "pre-al-"+sbA, fast)
+		if r := run("curl", "-sS", "-m", "20", "-o", "/dev/null", "-w", "%{size_download}", "http://allowed.test/bytes/4000000"); r.Stdout != "4000000" {
+			t.Errorf("curl http://allowed.test/bytes/4000000: %q %q", r.Stdout, r.Stderr)
+		}
+		syn1, fast1 := ruleCounter(t, w, "netdev", "divert-al-"+sbA, syns), ruleCounter(t, w, "inet", "pre-al-"+sbA, fast)
+		if syn1-syn0 < 1 || syn1-syn0 > 3 || fast1-fast0 < 10 {
+			t.Errorf("one download: %d packets through the divert pair (want its SYN), %d straight to the proxy's socket", syn1-syn0, fast1-fast0)
+		}
 		// The gateway's port that the Docker-like rule DNATs: the proxy
 		// gets it as dialled (this host) and refuses it.
 		if r := run("curl", "-sSf", "-m", "5", "http://10.88.0.1:8080/"); r.Code == 0 {
@@ -278,5 +291,113 @@ func TestDivertedPacketsFindNothingWhenAirlockdDies(t *testing.T) {
 	}
 	if n := got.Load(); n != 0 {
 		t.Errorf("a wildcard transparent socket of the host got %d of the members' connections or queries", n)
+	}
+}
+
+// tcpSegment returns an Ethernet frame from src to dst carrying a TCP
+// segment with flags and a correct checksum, from → to.
+func tcpSegment(dst, src net.HardwareAddr, from, to string, sport, dport uint16, flags byte) []byte {
+	h := make([]byte, 20)
+	h[0], h[8], h[9] = 0x45, 64, unix.IPPROTO_TCP
+	binary.BigEndian.PutUint16(h[2:], 40)
+	copy(h[12:16], net.ParseIP(from).To4())
+	copy(h[16:20], net.ParseIP(to).To4())
+	binary.BigEndian.PutUint16(h[10:], ^onesSum(0, h))
+	tcp := make([]byte, 20)
+	binary.BigEndian.PutUint16(tcp[0:], sport)
+	binary.BigEndian.PutUint16(tcp[2:], dport)
+	binary.BigEndian.PutUint32(tcp[4:], 1000)
+	binary.BigEndian.PutUint32(tcp[8:], 2000)
+	tcp[12], tcp[13] = 5<<4, flags
+	binary.BigEndian.PutUint16(tcp[14:], 64240)
+	pseudo := append(append(append([]byte{}, h[12:20]...), 0, unix.IPPROTO_TCP), 0, 20)
+	binary.BigEndian.PutUint16(tcp[16:], ^onesSum(onesSum(0, pseudo), tcp))
+	f := append(append(append([]byte{}, dst...), src...), 0x08, 0x00)
+	return append(append(f, h...), tcp...)
+}
+
+// onesSum adds b to the ones' complement sum s.
+func onesSum(s uint16, b []byte) uint16 {
+	sum := uint32(s)
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	return uint16(sum)
+}
+
+// TestEstablishedPathReachesOnlyTheProxysSockets: after a SYN the bridge
+// hands a connection's packets to their socket directly, found by their
+// addresses and ports. A member sending segments without a SYN cannot use
+// that to reach anything else: a host socket on every address, transparent
+// or not, or a destination with no socket at all. Each is dropped or reset
+// by the rule set (its counter rises), and nothing reaches the internet;
+// with br_netfilter on and off.
+func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
+	w, _, _ := setup(t)
+	ns, mac := rogueMember(t, w, sbA, "altea", "10.88.0.97/24")
+	br := bridgeMACOf(t, w, sbA)
+	fd := rawSocket(t, w, ns, "altea")
+	var got atomic.Int32
+	w.InNetns(w.Host, func() {
+		plain, err := net.Listen("tcp4", "0.0.0.0:4444")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { plain.Close() })
+		tp, err := transparent.Listen("tcp4", netip.MustParseAddrPort("0.0.0.0:4445"), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tp.Close() })
+		for _, ln := range []net.Listener{plain, tp} {
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					got.Add(1)
+					c.Close()
+				}
+			}()
+		}
+	})
+	resets := regexp.MustCompile(`tcp flags ! syn counter packets \d+ bytes \d+ reject with tcp reset`)
+	wildcards := regexp.MustCompile(`tcp flags ! syn socket wildcard 1 counter packets \d+ bytes \d+ drop`)
+	const ack, fin, rst, psh = 0x10, 0x01, 0x04, 0x08
+	check := func(t *testing.T) {
+		r0, w0 := ruleCounter(t, w, "inet", "pre-al-"+sbA, resets), ruleCounter(t, w, "inet", "pre-al-"+sbA, wildcards)
+		for i, to := range []string{testworld.DecoyAddr, testworld.WebAddr, "10.88.0.1", "10.88.1.1"} {
+			port := uint16(40000 + 10*i)
+			sendFrames(t, fd,
+				tcpSegment(br, mac, "10.88.0.97", to, port, 4444, ack),       // an ordinary socket on every address
+				tcpSegment(br, mac, "10.88.0.97", to, port+1, 4445, ack|psh), // a transparent one on every address
+				tcpSegment(br, mac, "10.88.0.97", to, port+2, 5555, ack),     // none
+				tcpSegment(br, mac, "10.88.0.97", to, port+3, 5555, fin|ack),
+				tcpSegment(br, mac, "10.88.0.97", to, port+4, 80, rst))
+		}
+		time.Sleep(300 * time.Millisecond)
+		r1, w1 := ruleCounter(t, w, "inet", "pre-al-"+sbA, resets), ruleCounter(t, w, "inet", "pre-al-"+sbA, wildcards)
+		if w1-w0 != 8 {
+			t.Errorf("segments to sockets on every address: %d dropped, want 8", w1-w0)
+		}
+		if r1-r0 != 12 {
+			t.Errorf("segments with no socket: %d reset (or, a reset, dropped), want 12", r1-r0)
+		}
+	}
+	if brNetfilter(t, w) != "1" {
+		setBrNetfilter(t, w, "1")
+	}
+	t.Run("br_netfilter on", check)
+	setBrNetfilter(t, w, "0")
+	t.Run("br_netfilter off", check)
+	if n := got.Load(); n != 0 {
+		t.Errorf("host sockets accepted %d connections from a member", n)
+	}
+	for _, l := range w.Reached() {
+		t.Errorf("reached the internet: %s", l)
 	}
 }

@@ -17,10 +17,11 @@ import (
 //     gate): the host sends it out of the bridge device, whose own queue
 //     sees only what the host sends to the sandbox. Frames one member
 //     sends another are forwarded port to port and never queue there.
-//   - from members (uploads, and requests): the bridge's netdev rule dups
-//     each TCP and DNS frame into the divert end of the pair; the dup is a
-//     transmit on that veth, through its queue, on its way to the sink.
-//     Member-to-member frames are not diverted.
+//   - from members (uploads, and requests): while a cap is set, the
+//     bridge's netdev rule dups each TCP and DNS frame into the divert end
+//     of the pair (without one, only SYNs: tproxy.DivertNet.Shaped); the
+//     dup is a transmit on that veth, through its queue, on its way to the
+//     sink. Member-to-member frames are not diverted.
 //
 // So traffic between members of one sandbox is not capped, and what
 // airlock carries is capped in each direction separately. A tbf shapes

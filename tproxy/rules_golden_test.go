@@ -82,7 +82,8 @@ func renderRuleSet(t *testing.T, cfg RulesConfig) string {
 		t.Fatal(err)
 	}
 	for i, s := range cfg.Sandboxes {
-		if err := EnsureDivert(c, DivertNet{Bridge: s.Bridge, Subnet: s.Subnet, Gateway: s.Gateway, DivertIndex: 100 + i}); err != nil {
+		// The second sandbox has a bandwidth cap: all its TCP is diverted.
+		if err := EnsureDivert(c, DivertNet{Bridge: s.Bridge, Subnet: s.Subnet, Gateway: s.Gateway, DivertIndex: 100 + i, Shaped: i == 1}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -58,12 +58,15 @@ type RulesConfig struct {
 // socket tproxy assigns is orphaned before TCP sees the packet. So the
 // bridge pass (chain pre-BRIDGE) only checks sources, lets members reach
 // each other, and untracks what goes up (Docker's NAT must not rewrite it);
-// a netdev ingress rule on the bridge (EnsureDivert) then writes TCP and
-// UDP/53 frames into the sandbox's divert pair, and they arrive on its sink
-// as an ordinary receive, where chain tp-BRIDGE hands them to the gate's
-// and the proxy's transparent sockets. tproxy that finds no socket does
-// not drop: tp-BRIDGE ends in a reset and a drop, so with airlockd gone a
-// diverted packet finds nothing and leaves nothing.
+// a netdev ingress rule on the bridge (EnsureDivert) then writes TCP SYNs
+// and UDP/53 frames into the sandbox's divert pair, and they arrive on its
+// sink as an ordinary receive, where chain tp-BRIDGE hands them to the
+// gate's and the proxy's transparent sockets. tproxy that finds no socket
+// does not drop: tp-BRIDGE ends in a reset and a drop, so with airlockd
+// gone a diverted packet finds nothing and leaves nothing. A connection's
+// later packets need no tproxy: the bridge pass finds their socket by
+// their addresses and ports and, if it is transparent, marks them for the
+// host (the established path, docs/design.md §12).
 
 func (c *RulesConfig) validate() error {
 	if c.GatePort == 0 {
@@ -208,14 +211,17 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 //	  own, drop (spoofing).
 //	prerouting (filter, raw: before conntrack and Docker's NAT):
 //	  from a bridge (br_netfilter's pass, or the host's receive): to
-//	  another member of the subnet accept; TCP and UDP to port 53
-//	  notrack, accept; everything else drop.
+//	  another member of the subnet accept; TCP after its SYN: to a
+//	  socket bound to 0.0.0.0 drop, to a transparent socket notrack,
+//	  mark, accept, else reset; TCP and UDP to port 53 notrack, accept;
+//	  everything else drop.
 //	  from a sink (diverted packets): notrack;
 //	  port 53 (UDP, TCP) tproxy to the gate, other TCP tproxy to the proxy,
 //	  each setting the mark; TCP left over (no socket) reset; the rest drop.
-//	input (filter): from a sink to a socket bound to 0.0.0.0 drop; from
-//	  a sink with the mark accept; from a bridge or a sink anything else
-//	  drop.
+//	input (filter): from a sink or a bridge to a socket bound to 0.0.0.0
+//	  drop; from a sink with the mark accept; from a bridge TCP with the
+//	  mark to a transparent socket accept; from a bridge or a sink
+//	  anything else drop.
 //	forward (filter): bridge → same bridge accept (bridged frames under
 //	  br_netfilter); from or to a bridge drop.
 //	output (filter, raw): to a bridge notrack (the proxy's and the gate's
@@ -270,6 +276,18 @@ func (b *builder) build(cfg RulesConfig) {
 
 		// The bridge pass.
 		b.rule(sPre, nfproto(unix.NFPROTO_IPV4), toOtherMember(s.Subnet, s.Gateway), verdict(expr.VerdictAccept))
+		// A connection's packets after its SYN (EnsureDivert diverts only
+		// SYNs and fragments) go to the transparent socket that tproxy gave
+		// the SYN, found by their own addresses and ports, as a local
+		// receive on the bridge: the mark routes them to the host. No
+		// other socket gets them: one bound to every address drops, one
+		// that is not transparent (none of airlockd's) is no match, and a
+		// packet without its connection is reset here, as the proxy's
+		// listener would.
+		established := slices.Concat(nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
+		b.rule(sPre, established, socketWildcard(), counterDrop())
+		b.rule(sPre, established, socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		b.rule(sPre, established, counter(), rejectTCPReset())
 		b.rule(sPre, l4proto(unix.IPPROTO_TCP), notrack(), verdict(expr.VerdictAccept))
 		b.rule(sPre, l4proto(unix.IPPROTO_UDP), dport(53), notrack(), verdict(expr.VerdictAccept))
 		b.rule(sPre, counterDrop())
@@ -290,6 +308,10 @@ func (b *builder) build(cfg RulesConfig) {
 		b.rule(in, iifname(sink), socketWildcard(), counterDrop())
 		b.rule(in, iifname(sink), markSet(cfg.Mark), verdict(expr.VerdictAccept))
 		b.rule(in, iifname(sink), counterDrop())
+		// The bridge pass's established packets, checked again at their
+		// socket (early demux has found it: no second lookup).
+		b.rule(in, iifname(br), socketWildcard(), counterDrop())
+		b.rule(in, iifname(br), l4proto(unix.IPPROTO_TCP), markSet(cfg.Mark), socketTransparent(), verdict(expr.VerdictAccept))
 		b.rule(in, iifname(br), counterDrop())
 		// The gateway is the sandbox's address: nothing from another
 		// network reaches the gate or the proxy there (which would take
@@ -330,14 +352,21 @@ type DivertNet struct {
 	// index, not the name: EnsureDivert again whenever the pair is made
 	// anew.
 	DivertIndex int
+	// Shaped sends every TCP frame through the divert pair, not only
+	// SYNs: the cap on a sandbox's uploads is the pair's queue
+	// (netns.Network.SetBandwidth), so while a cap is set its packets
+	// must all cross it.
+	Shaped bool
 }
 
 // EnsureDivert adds, or replaces, the netdev ingress chain of one bridge
-// in airlock's netdev table: IPv4 TCP and UDP to port 53 that the bridge
-// passes up to the host, except what goes to another member of the
-// subnet, is written into the divert pair and dropped on the bridge. The
-// bridge must exist. Without the chain, those packets reach the host's
-// input and forward chains, which drop them.
+// in airlock's netdev table: IPv4 TCP SYNs and fragments (every TCP
+// frame when d.Shaped) and UDP to port 53 that the bridge passes up to
+// the host, except what goes to another member of the subnet, are written
+// into the divert pair and dropped on the bridge; a connection's other
+// packets go up the bridge to chain pre-BRIDGE, which hands them to their
+// socket. The bridge must exist. Without the chain, the packets reach the
+// host's input and forward chains, which drop them.
 func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 	switch {
 	case d.Bridge == "" || len(d.Bridge) >= unix.IFNAMSIZ:
@@ -355,6 +384,11 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 		Hooknum: nftables.ChainHookIngress, Priority: nftables.ChainPriorityFilter, Device: d.Bridge, Policy: &accept})
 	conn.FlushChain(c)
 	b.rule(c, etherIPv4(), toOtherMember(d.Subnet, d.Gateway), verdict(expr.VerdictAccept))
+	// After the SYN, a connection's packets stay on the bridge: chain
+	// pre-BRIDGE hands them to their established socket, or resets them.
+	if !d.Shaped {
+		b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN), verdict(expr.VerdictAccept))
+	}
 	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_TCP), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_UDP), dport(53), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 	if err := conn.Flush(); err != nil {
@@ -524,6 +558,39 @@ func socketWildcard() []expr.Any {
 	return []expr.Any{
 		&expr.Socket{Key: expr.SocketKeyWildcard, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
+	}
+}
+
+// socketTransparent matches packets whose socket (the one already
+// assigned, or found by their addresses and ports) is transparent: one of
+// a proxy's, as airlockd's listeners and the connections they accept are.
+func socketTransparent() []expr.Any {
+	return []expr.Any{
+		&expr.Socket{Key: expr.SocketKeyTransparent, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
+	}
+}
+
+// notFragment matches IPv4 packets that are whole: neither "more
+// fragments" nor a fragment offset (in a fragment after the first, the
+// transport header is not there to read).
+func notFragment() []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 6, Len: 2},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 2, Mask: []byte{0x3f, 0xff}, Xor: []byte{0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 0}},
+	}
+}
+
+const tcpSYN = 0x02
+
+// tcpFlagClear matches TCP segments without flag; put an l4proto match and
+// notFragment first.
+func tcpFlagClear(flag byte) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{flag}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0}},
 	}
 }
 

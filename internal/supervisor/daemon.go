@@ -40,11 +40,14 @@ type Daemon struct {
 	cfgPath     string
 	cfgExplicit bool
 	// notify tells systemd about the daemon's state (sd_notify).
-	notify   func(state string)
-	cfg      *config.Config
-	log      *slog.Logger
-	h        *netlink.Handle
-	conn     *nftables.Conn
+	notify func(state string)
+	cfg    *config.Config
+	log    *slog.Logger
+	h      *netlink.Handle
+	conn   *nftables.Conn
+	// nftMu keeps batches on conn whole (a sandbox's divert rule changes
+	// with its bandwidth limit, from any goroutine). Taken after d.mu.
+	nftMu    sync.Mutex
 	upstream *dnsgate.Upstream
 	local    netns.LocalAddrs
 	servers  []string
@@ -91,6 +94,9 @@ type sandbox struct {
 	// bandwidth is the bandwidth limit last put on the bridge, in Mbit/s
 	// (0: none).
 	bandwidth atomic.Int64
+	// bandwidthMu orders the changes of the limit (policy edits, polls
+	// and reloads may race).
+	bandwidthMu sync.Mutex
 	// held says how the policy file widens access, when a poll kept it
 	// out of force until a person reloads; d.mu guards it.
 	held []string
@@ -244,7 +250,10 @@ func (d *Daemon) dropStaleBridgesLocked(wanted []config.Sandbox) error {
 	for _, sb := range wanted {
 		keep[netns.BridgeName(sb.Name)] = true
 	}
-	for _, b := range tproxy.TableBridges(d.conn) {
+	d.nftMu.Lock()
+	bridges := tproxy.TableBridges(d.conn)
+	d.nftMu.Unlock()
+	for _, b := range bridges {
 		if keep[b] {
 			continue
 		}
@@ -266,25 +275,45 @@ func (d *Daemon) ensureRulesLocked(sbs []config.Sandbox) error {
 		}
 		rules.Sandboxes = append(rules.Sandboxes, tproxy.SandboxNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, Sink: n.Sink})
 	}
+	d.nftMu.Lock()
+	defer d.nftMu.Unlock()
 	return tproxy.EnsureRules(d.conn, rules)
 }
 
 // ensureNetwork builds a sandbox's bridge and divert pair, then the
 // netdev rule that diverts the bridge's packets into the pair; its rules
 // in airlock's inet table must be in place.
-func (d *Daemon) ensureNetwork(n netns.Network) error {
+func (d *Daemon) ensureNetwork(n netns.Network, shaped bool) error {
 	divert, err := n.Ensure(d.h)
 	if err != nil {
 		return err
 	}
-	return tproxy.EnsureDivert(d.conn, tproxy.DivertNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, DivertIndex: divert})
+	d.nftMu.Lock()
+	defer d.nftMu.Unlock()
+	return tproxy.EnsureDivert(d.conn, tproxy.DivertNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, DivertIndex: divert, Shaped: shaped})
+}
+
+// shapeDivert rewrites a sandbox's divert rule to send every TCP frame
+// through its divert pair (shaped: the upload cap is the pair's queue) or
+// only what must go there.
+func (d *Daemon) shapeDivert(n netns.Network, shaped bool) error {
+	link, err := d.h.LinkByName(n.Divert)
+	if err != nil {
+		return fmt.Errorf("divert pair of %s: %w", n.Bridge, err)
+	}
+	d.nftMu.Lock()
+	defer d.nftMu.Unlock()
+	return tproxy.EnsureDivert(d.conn, tproxy.DivertNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, DivertIndex: link.Attrs().Index, Shaped: shaped})
 }
 
 // removeNetwork removes a sandbox bridge's divert rule, then the bridge and
 // its divert pair. Either way round it stays caged: without the divert rule
 // the host's input and forward chains drop what the bridge passes up.
 func (d *Daemon) removeNetwork(bridge string) error {
-	if err := tproxy.DeleteDivert(d.conn, bridge); err != nil {
+	d.nftMu.Lock()
+	err := tproxy.DeleteDivert(d.conn, bridge)
+	d.nftMu.Unlock()
+	if err != nil {
 		return err
 	}
 	return netns.DeleteBridge(d.h, bridge)
@@ -353,7 +382,7 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 	if s.net, err = netns.NewNetwork(sb.Name, sb.Subnet); err != nil {
 		return err
 	}
-	if err = d.ensureNetwork(s.net); err != nil {
+	if err = d.ensureNetwork(s.net, false); err != nil {
 		return err
 	}
 	if err = seedPolicy(sb); err != nil {
@@ -394,11 +423,29 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 
 // setBandwidth puts a sandbox's bandwidth limit (0: none) on its bridge
 // and divert pair; a limit in place is left alone.
+//
+// The upload cap is the divert pair's queue, which carries only SYNs
+// without one: while a cap is set, the divert rule sends every TCP frame
+// through it. The cap goes on before the rule changes and comes off
+// after, so no moment passes with packets outside both.
 func (d *Daemon) setBandwidth(s *sandbox, mbps int) error {
-	if err := s.net.SetBandwidth(d.h, mbps); err != nil {
+	s.bandwidthMu.Lock()
+	defer s.bandwidthMu.Unlock()
+	old := s.bandwidth.Load()
+	if mbps > 0 {
+		if err := s.net.SetBandwidth(d.h, mbps); err != nil {
+			return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
+		}
+	}
+	if err := d.shapeDivert(s.net, mbps > 0); err != nil {
 		return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
 	}
-	if old := s.bandwidth.Swap(int64(mbps)); old != int64(mbps) {
+	if mbps == 0 {
+		if err := s.net.SetBandwidth(d.h, 0); err != nil {
+			return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
+		}
+	}
+	if s.bandwidth.Swap(int64(mbps)); old != int64(mbps) {
 		d.log.Info("bandwidth limit", "sandbox", s.cfg.Name, "bandwidth_mbps", mbps, "unlimited", mbps == 0)
 	}
 	return nil
