@@ -56,6 +56,7 @@ func TestBumpHTTP1Server(t *testing.T) {
 		// the Host header goes upstream as decided.
 		{name: "absolute form, Host another name", send: "GET https://" + host + "/v1/a HTTP/1.1\r\nHost: other.test\r\n\r\n", want: []string{"200"}, body: "internet", open: true},
 		{name: "absolute form for another name", send: "GET https://other.test/v1/a HTTP/1.1\r\nHost: " + host + "\r\n\r\n", want: []string{"403"}, open: true},
+		{name: "absolute form without Host, pipelined", send: "GET /v1/a HTTP/1.1\r\nHost: " + host + "\r\n\r\nGET https://" + host + "/v1/a HTTP/1.1\r\n\r\n", want: []string{"200", "400"}},
 		{name: "absolute form, HTTP/1.0 without Host", send: "GET https://" + host + "/v1/a HTTP/1.0\r\n\r\n", want: []string{"200"}, body: "internet"},
 		{name: "a bad header name", send: "GET /v1/a HTTP/1.1\r\nHost: " + host + "\r\nBad Name: x\r\n\r\n", want: []string{"400"}},
 		{name: "two Content-Lengths", send: "POST /v1/a HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nbody", want: []string{"400"}},
