@@ -254,9 +254,9 @@ func (j *Journal) flushLocked() error {
 
 // rotateLocked renames the current file to one named after its last
 // sequence number and drops the oldest beyond MaxFiles. No write is in
-// flight.
+// flight. A write error not yet reported stays for Flush to report.
 func (j *Journal) rotateLocked() {
-	j.flushLocked()
+	j.err = j.flushLocked()
 	j.f.Close()
 	os.Rename(filepath.Join(j.cfg.Dir, currentFile), filepath.Join(j.cfg.Dir, fmt.Sprintf("%020d.jsonl", j.written)))
 	old := j.rotated()

@@ -180,35 +180,46 @@ func TestJournalConcurrentAdds(t *testing.T) {
 }
 
 // TestJournalReportsAWriteErrorOnce: a file that cannot be written does
-// not stop Add, and Flush reports the error once.
+// not stop Add, and Flush reports the error once, also when the file was
+// rotated after the failed write.
 func TestJournalReportsAWriteErrorOnce(t *testing.T) {
-	dir := t.TempDir()
-	j, err := Open(Config{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
-	ro, err := os.Open(filepath.Join(dir, currentFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	j.mu.Lock()
-	j.f.Close()
-	j.f = ro // writes fail: not open for writing
-	j.mu.Unlock()
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Go(func() { j.Add(Entry{Kind: KindDNS, Sandbox: "sb"}) })
-	}
-	wg.Wait()
-	if got := j.Query(Filter{}); len(got) != 4 {
-		t.Errorf("%d entries in memory, want 4", len(got))
-	}
-	if err := j.Flush(); err == nil {
-		t.Error("Flush after failed writes: no error")
-	}
-	if err := j.Flush(); err != nil {
-		t.Errorf("second Flush: %v, want the error reported once", err)
+	for _, rotate := range []bool{false, true} {
+		t.Run(fmt.Sprint("rotated ", rotate), func(t *testing.T) {
+			dir := t.TempDir()
+			j, err := Open(Config{Dir: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer j.Close()
+			ro, err := os.Open(filepath.Join(dir, currentFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			j.mu.Lock()
+			j.f.Close()
+			j.f = ro // writes fail: not open for writing
+			if rotate {
+				j.size = j.cfg.MaxFileBytes
+			}
+			j.mu.Unlock()
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() { j.Add(Entry{Kind: KindDNS, Sandbox: "sb"}) })
+			}
+			wg.Wait()
+			if got := j.Query(Filter{}); len(got) != 4 {
+				t.Errorf("%d entries in memory, want 4", len(got))
+			}
+			if rotated, _ := filepath.Glob(filepath.Join(dir, "0*.jsonl")); rotate && len(rotated) == 0 {
+				t.Error("no file rotated")
+			}
+			if err := j.Flush(); err == nil {
+				t.Error("Flush after failed writes: no error")
+			}
+			if err := j.Flush(); err != nil {
+				t.Errorf("second Flush: %v, want the error reported once", err)
+			}
+		})
 	}
 }
 
