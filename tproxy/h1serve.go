@@ -2,6 +2,7 @@ package tproxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -41,6 +42,7 @@ type h1Server struct {
 	header  http.Header // the response header map, cleared between requests
 	keys    []string    // for writing the header sorted
 	date    []byte
+	head    []byte // a request head kept by startHead, while it is read
 	// ctx is the requests' context, cancelled when the connection ends
 	// or its client goes away.
 	ctx    context.Context
@@ -111,14 +113,21 @@ func (s *h1Server) serve() {
 		if !first {
 			s.conn.SetReadDeadline(time.Now().Add(s.p.cfg.PeekTimeout))
 		}
-		s.lim.on, s.lim.left = true, maxRequestHead
+		s.startHead()
 		req, err := http.ReadRequest(s.br)
-		s.lim.on = false
+		kept := s.lim.rec != nil
+		s.lim.on, s.lim.rec = false, nil
 		if err != nil {
+			s.head = nil
 			s.refuse(err)
 			return
 		}
-		if code, text := checkRequest(req); code != 0 {
+		code, text := checkRequest(req)
+		if code == 0 && req.URL.Host != "" {
+			code, text = checkHostHeader(req, s.head, kept)
+		}
+		s.head = nil
+		if code != 0 {
 			s.replyError(code, text)
 			return
 		}
@@ -130,8 +139,56 @@ func (s *h1Server) serve() {
 	}
 }
 
+// startHead readies the reading of a request head. http.ReadRequest
+// drops the Host header, and when the target is in absolute form (GET
+// http://host/ HTTP/1.1) req.Host is the target's authority, not the
+// header's; http.Server still refuses such a request without a Host
+// header or with a malformed one. So the bytes of a head whose target may
+// be in absolute form are kept in s.head, for checkHostHeader to read its
+// header again. An origin-form target (a '/' after the method, as
+// clients send it) keeps nothing.
+func (s *h1Server) startHead() {
+	s.lim.on, s.lim.left = true, maxRequestHead
+	b, _ := s.br.Peek(s.br.Buffered())
+	// The parser cuts the request line at its first space: the target
+	// starts after it.
+	if i := bytes.IndexByte(b, ' '); i >= 0 && i+1 < len(b) && (b[i+1] == '/' || b[i+1] == '*') {
+		return
+	}
+	s.head = append(s.head[:0], b...)
+	s.lim.rec = &s.head
+}
+
+// checkHostHeader applies http.Server's checks of the Host header to a
+// request whose target was in absolute form, from its head's bytes (read
+// with the parser http.ReadRequest uses). kept is false when startHead
+// kept nothing, which it does only for targets that cannot be in absolute
+// form: the request is refused rather than let through unchecked.
+func checkHostHeader(req *http.Request, head []byte, kept bool) (int, string) {
+	if !kept {
+		return http.StatusBadRequest, "malformed request"
+	}
+	tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(head)))
+	if _, err := tp.ReadLine(); err != nil {
+		return http.StatusBadRequest, "malformed request"
+	}
+	h, err := tp.ReadMIMEHeader()
+	if err != nil {
+		return http.StatusBadRequest, "malformed request"
+	}
+	hosts := h["Host"]
+	if req.ProtoAtLeast(1, 1) && len(hosts) == 0 && req.Method != http.MethodConnect {
+		return http.StatusBadRequest, "missing required Host header"
+	}
+	if len(hosts) == 1 && !httpguts.ValidHostHeader(hosts[0]) {
+		return http.StatusBadRequest, "malformed Host header"
+	}
+	return 0, ""
+}
+
 // checkRequest applies what http.Server checks on top of the parser, and
-// returns the status and reason of a refusal, or 0.
+// returns the status and reason of a refusal, or 0. The Host header of a
+// target in absolute form is checkHostHeader's.
 func checkRequest(req *http.Request) (int, string) {
 	if req.ProtoMajor != 1 {
 		return http.StatusHTTPVersionNotSupported, "unsupported protocol version"

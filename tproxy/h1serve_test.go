@@ -49,6 +49,15 @@ func TestBumpHTTP1Server(t *testing.T) {
 		{name: "refused request, its small body read off", send: "POST /v1/a HTTP/1.1\r\nHost: other.test\r\nContent-Length: 4\r\n\r\nbody", want: []string{"403"}, open: true},
 		{name: "refused request, its large body not read", send: "POST /v1/a HTTP/1.1\r\nHost: other.test\r\nContent-Length: 1048576\r\n\r\n" + big, want: []string{"403"}},
 		{name: "no Host", send: "GET /v1/a HTTP/1.1\r\n\r\n", want: []string{"400"}},
+		{name: "absolute form", send: "GET https://" + host + "/v1/a HTTP/1.1\r\nHost: " + host + "\r\n\r\n", want: []string{"200"}, body: "internet", open: true},
+		{name: "absolute form without Host", send: "GET https://" + host + "/v1/a HTTP/1.1\r\n\r\n", want: []string{"400"}},
+		{name: "absolute form, a malformed Host", send: "GET https://" + host + "/v1/a HTTP/1.1\r\nHost: a/b\r\n\r\n", want: []string{"400"}},
+		// The target's authority is the request's, as for http.Server;
+		// the Host header goes upstream as decided.
+		{name: "absolute form, Host another name", send: "GET https://" + host + "/v1/a HTTP/1.1\r\nHost: other.test\r\n\r\n", want: []string{"200"}, body: "internet", open: true},
+		{name: "absolute form for another name", send: "GET https://other.test/v1/a HTTP/1.1\r\nHost: " + host + "\r\n\r\n", want: []string{"403"}, open: true},
+		{name: "absolute form without Host, pipelined", send: "GET /v1/a HTTP/1.1\r\nHost: " + host + "\r\n\r\nGET https://" + host + "/v1/a HTTP/1.1\r\n\r\n", want: []string{"200", "400"}},
+		{name: "absolute form, HTTP/1.0 without Host", send: "GET https://" + host + "/v1/a HTTP/1.0\r\n\r\n", want: []string{"200"}, body: "internet"},
 		{name: "a bad header name", send: "GET /v1/a HTTP/1.1\r\nHost: " + host + "\r\nBad Name: x\r\n\r\n", want: []string{"400"}},
 		{name: "two Content-Lengths", send: "POST /v1/a HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nbody", want: []string{"400"}},
 		{name: "an unknown transfer coding", send: "POST /v1/a HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: gzip\r\n\r\n", want: []string{"501"}},
@@ -280,6 +289,71 @@ func TestH1TrailersOnlyValidNames(t *testing.T) {
 	}
 }
 
+// TestH1HostChecksAsHTTPServer sends request heads to an h1Server and to
+// an http.Server, whole and byte by byte, and wants the same status from
+// both: the Host header is checked even when the target's authority is
+// the request's (absolute form), which http.ReadRequest hides.
+func TestH1HostChecksAsHTTPServer(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	ref := httptest.NewServer(ok)
+	defer ref.Close()
+	p := &Proxy{ctx: t.Context(), log: slog.New(slog.DiscardHandler), cfg: Config{PeekTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}}
+	for _, tc := range []struct{ name, head string }{
+		{"origin form", "GET /a HTTP/1.1\r\nHost: a.test\r\n"},
+		{"origin form, no Host", "GET /a HTTP/1.1\r\n"},
+		{"origin form, a malformed Host", "GET /a HTTP/1.1\r\nHost: a/b\r\n"},
+		{"origin form, two Hosts", "GET /a HTTP/1.1\r\nHost: a.test\r\nHost: a.test\r\n"},
+		{"absolute form", "GET http://a.test/a HTTP/1.1\r\nHost: a.test\r\n"},
+		{"absolute form, no Host", "GET http://a.test/a HTTP/1.1\r\n"},
+		{"absolute form https, no Host", "GET https://a.test:443/a HTTP/1.1\r\n"},
+		{"absolute form, no Host, other headers", "GET http://a.test/a HTTP/1.1\r\nAccept: */*\r\nX-Host: a.test\r\n"},
+		{"absolute form, a malformed Host", "GET http://a.test/a HTTP/1.1\r\nHost: a/b\r\n"},
+		{"absolute form, a Host with a space", "GET http://a.test/a HTTP/1.1\r\nHost: a b\r\n"},
+		{"absolute form, two Hosts", "GET http://a.test/a HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n"},
+		{"absolute form, Host another name", "GET http://a.test/a HTTP/1.1\r\nHost: b.test\r\n"},
+		{"absolute form, HTTP/1.0 without Host", "GET http://a.test/a HTTP/1.0\r\n"},
+		{"absolute form, HTTP/1.0, a malformed Host", "GET http://a.test/a HTTP/1.0\r\nHost: a/b\r\n"},
+		{"absolute form, a long head without Host", "GET http://a.test/a HTTP/1.1\r\nX-Pad: " + strings.Repeat("p", 10<<10) + "\r\n"},
+		{"absolute form, a long head, a malformed Host", "GET http://a.test/a HTTP/1.1\r\nX-Pad: " + strings.Repeat("p", 10<<10) + "\r\nHost: a/b\r\n"},
+	} {
+		send := tc.head + "Connection: close\r\n\r\n"
+		t.Run(tc.name, func(t *testing.T) {
+			rc, err := net.Dial("tcp4", ref.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rc.Close()
+			rc.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(rc, send)
+			want, _, err := readAnswer(bufio.NewReader(rc), false)
+			if err != nil {
+				t.Fatalf("http.Server: %v", err)
+			}
+			for _, bytewise := range []bool{false, true} {
+				client, server := net.Pipe()
+				go newH1Server(p, server, ok).serve()
+				client.SetDeadline(time.Now().Add(10 * time.Second))
+				go func() {
+					if !bytewise {
+						io.WriteString(client, send)
+						return
+					}
+					for i := range len(send) {
+						if _, err := io.WriteString(client, send[i:i+1]); err != nil {
+							return
+						}
+					}
+				}()
+				got, _, err := readAnswer(bufio.NewReader(client), false)
+				client.Close()
+				if got != want {
+					t.Errorf("byte by byte %v: status %q (%v), http.Server's %q", bytewise, got, err, want)
+				}
+			}
+		})
+	}
+}
+
 // FuzzH1Server feeds a client's bytes to an h1Server whose handler reads
 // the body and answers: whatever the bytes, it returns, and what it wrote
 // begins as an HTTP/1.1 answer.
@@ -290,6 +364,7 @@ func FuzzH1Server(f *testing.F) {
 		"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n",
 		"POST / HTTP/1.1\r\nHost: a.test\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\nabc",
 		"GET /flush HTTP/1.0\r\n\r\n",
+		"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\nGET http://a.test/ HTTP/1.1\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\nGET / HTTP/1.1\r\n\r\n",
 	} {
 		f.Add([]byte(s))

@@ -121,6 +121,9 @@ type headLimit struct {
 	err  error
 	on   bool
 	left int64
+	// rec, when set, gets a copy of what is read while on (a request head
+	// the server must read twice; see h1Server.startHead).
+	rec *[]byte
 }
 
 var errHeadTooLarge = errors.New("the upstream's response head is larger than 10 MiB")
@@ -137,6 +140,9 @@ func (l *headLimit) Read(p []byte) (int, error) {
 	}
 	n, err := l.r.Read(p)
 	l.left -= int64(n)
+	if l.rec != nil {
+		*l.rec = append(*l.rec, p[:n]...)
+	}
 	return n, err
 }
 

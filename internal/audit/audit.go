@@ -101,9 +101,21 @@ type Journal struct {
 	// mu guards the following fields.
 	mu   sync.Mutex
 	seq  uint64
-	f    *os.File // written through, one write per entry, so a kill -9 loses nothing
+	f    *os.File
 	size int64
 	err  error // the last write error, reported once
+	// Records are written through, so that a kill -9 loses none, but
+	// not one write(2) each: Add encodes its record into buf and waits
+	// until a write that covers it has returned. Whichever Add finds no
+	// write in flight writes all of buf (without mu held); those that
+	// come meanwhile add to the next buf and wait on wrote (group
+	// commit).
+	buf     []byte
+	spare   []byte     // the buffer last written, reused as the next buf
+	writing bool       // a write is in flight
+	written uint64     // every record up to this seq has been written, or dropped
+	wrote   *sync.Cond // on mu, broadcast when a write returns
+	writes  uint64     // write(2) calls made, for benchmarks
 }
 
 const currentFile = "current.jsonl"
@@ -127,6 +139,7 @@ func Open(cfg Config) (*Journal, error) {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	j := &Journal{cfg: cfg, ring: ring.New[Entry](cfg.Memory)}
+	j.wrote = sync.NewCond(&j.mu)
 	// Load the tail of history into memory and continue its numbering.
 	var tail []Entry
 	j.scan(func(e Entry) bool {
@@ -140,6 +153,7 @@ func Open(cfg Config) (*Journal, error) {
 	for _, e := range tail {
 		j.ring.Add(e)
 	}
+	j.written = j.seq
 	if err := j.openCurrent(); err != nil {
 		return nil, err
 	}
@@ -172,20 +186,51 @@ func (j *Journal) Add(e Entry) Entry {
 		e.Time = time.Now()
 	}
 	if j.f != nil {
-		b, _ := json.Marshal(e)
-		b = append(b, '\n')
-		n, err := j.f.Write(b)
-		j.size += int64(n)
-		if err != nil && j.err == nil {
-			j.err = err
-		}
-		if j.size >= j.cfg.MaxFileBytes {
-			j.rotateLocked()
+		j.buf = appendEntry(j.buf, &e)
+		j.buf = append(j.buf, '\n')
+		for j.written < e.Seq {
+			if j.writing {
+				j.wrote.Wait()
+			} else {
+				j.writeLocked()
+			}
 		}
 	}
 	j.mu.Unlock()
 	j.ring.Add(e)
 	return e
+}
+
+// maxSpare is the largest buffer kept for reuse after a write.
+const maxSpare = 256 << 10
+
+// writeLocked writes what buf holds, every record up to j.seq, with mu
+// released during the write, and rotates the file past MaxFileBytes. The
+// records of a file closed meanwhile (a rotation that could not open the
+// next one) are dropped, as records are while it stays closed.
+func (j *Journal) writeLocked() {
+	b, last, f := j.buf, j.seq, j.f
+	j.buf, j.spare = j.spare[:0], nil
+	if f != nil && len(b) > 0 {
+		j.writing = true
+		j.mu.Unlock()
+		n, err := f.Write(b)
+		j.mu.Lock()
+		j.writing = false
+		j.writes++
+		j.size += int64(n)
+		if err != nil && j.err == nil {
+			j.err = err
+		}
+	}
+	if cap(b) <= maxSpare {
+		j.spare = b[:0]
+	}
+	j.written = last
+	if j.f != nil && j.size >= j.cfg.MaxFileBytes {
+		j.rotateLocked()
+	}
+	j.wrote.Broadcast()
 }
 
 // Flush syncs the file to disk and returns the first write error since
@@ -208,11 +253,12 @@ func (j *Journal) flushLocked() error {
 }
 
 // rotateLocked renames the current file to one named after its last
-// sequence number and drops the oldest beyond MaxFiles.
+// sequence number and drops the oldest beyond MaxFiles. No write is in
+// flight. A write error not yet reported stays for Flush to report.
 func (j *Journal) rotateLocked() {
-	j.flushLocked()
+	j.err = j.flushLocked()
 	j.f.Close()
-	os.Rename(filepath.Join(j.cfg.Dir, currentFile), filepath.Join(j.cfg.Dir, fmt.Sprintf("%020d.jsonl", j.seq)))
+	os.Rename(filepath.Join(j.cfg.Dir, currentFile), filepath.Join(j.cfg.Dir, fmt.Sprintf("%020d.jsonl", j.written)))
 	old := j.rotated()
 	for len(old) > j.cfg.MaxFiles {
 		os.Remove(filepath.Join(j.cfg.Dir, old[0]))
@@ -329,10 +375,17 @@ func (j *Journal) Query(f Filter) []Entry {
 // Subscribe streams entries added from now on.
 func (j *Journal) Subscribe(buf int) *ring.Sub[Entry] { return j.ring.Subscribe(buf) }
 
-// Close flushes and closes the file. It is idempotent.
+// Close writes the records still waiting, flushes and closes the file.
+// It is idempotent.
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	for j.writing {
+		j.wrote.Wait()
+	}
+	if j.written < j.seq {
+		j.writeLocked()
+	}
 	err := j.flushLocked()
 	if j.f != nil {
 		if cerr := j.f.Close(); err == nil {

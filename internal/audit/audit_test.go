@@ -1,9 +1,16 @@
 package audit
 
 import (
+	"bufio"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -89,5 +96,193 @@ func TestJournalSubscribe(t *testing.T) {
 		}
 	case <-time.After(time.Second):
 		t.Fatal("no entry")
+	}
+}
+
+// TestJournalConcurrentAdds: records added from many goroutines at once,
+// through rotations, are each in a file when their Add returns (a kill -9
+// then loses none), once, and in the files in sequence order; a rotated
+// file is named after its last record.
+func TestJournalConcurrentAdds(t *testing.T) {
+	dir := t.TempDir()
+	j, err := Open(Config{Dir: dir, Memory: 10, MaxFileBytes: 4000, MaxFiles: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const goroutines, each = 6, 60
+	onDisk := func(seq uint64) bool {
+		// Another goroutine's rotation may rename the current file
+		// between the listing and the reading: look again.
+		for range 5 {
+			names, _ := filepath.Glob(filepath.Join(dir, "*.jsonl"))
+			for _, n := range names {
+				b, _ := os.ReadFile(n)
+				if strings.Contains(string(b), `{"seq":`+strconv.FormatUint(seq, 10)+`,`) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, goroutines*each)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				e := j.Add(Entry{Kind: KindRequest, Sandbox: "sb", Host: fmt.Sprintf("g%d-%d.test", g, i)})
+				if !onDisk(e.Seq) {
+					errs <- fmt.Sprintf("record %d not in a file when Add returned", e.Seq)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	// Still no Close: what is on disk is what a crash leaves.
+	names, _ := filepath.Glob(filepath.Join(dir, "0*.jsonl"))
+	sort.Strings(names)
+	if len(names) < 2 {
+		t.Errorf("rotated files %v, want several", names)
+	}
+	var seqs []uint64
+	for _, n := range append(names, filepath.Join(dir, currentFile)) {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(b)) {
+			var e Entry
+			if err := json.Unmarshal([]byte(line), &e); err != nil {
+				t.Fatalf("%s: %q: %v", n, line, err)
+			}
+			seqs = append(seqs, e.Seq)
+		}
+		if n != filepath.Join(dir, currentFile) {
+			if want := fmt.Sprintf("%020d.jsonl", seqs[len(seqs)-1]); filepath.Base(n) != want {
+				t.Errorf("rotated file %s ends with record %d, want it named %s", filepath.Base(n), seqs[len(seqs)-1], want)
+			}
+		}
+	}
+	for i, s := range seqs {
+		if s != uint64(i+1) {
+			t.Fatalf("records in file order: %v..., want 1 to %d in order", seqs[:i+1], goroutines*each)
+		}
+	}
+	if len(seqs) != goroutines*each {
+		t.Errorf("%d records on disk, want %d", len(seqs), goroutines*each)
+	}
+	if err := j.Close(); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestJournalReportsAWriteErrorOnce: a file that cannot be written does
+// not stop Add, and Flush reports the error once, also when the file was
+// rotated after the failed write.
+func TestJournalReportsAWriteErrorOnce(t *testing.T) {
+	for _, rotate := range []bool{false, true} {
+		t.Run(fmt.Sprint("rotated ", rotate), func(t *testing.T) {
+			dir := t.TempDir()
+			j, err := Open(Config{Dir: dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer j.Close()
+			ro, err := os.Open(filepath.Join(dir, currentFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			j.mu.Lock()
+			j.f.Close()
+			j.f = ro // writes fail: not open for writing
+			if rotate {
+				j.size = j.cfg.MaxFileBytes
+			}
+			j.mu.Unlock()
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() { j.Add(Entry{Kind: KindDNS, Sandbox: "sb"}) })
+			}
+			wg.Wait()
+			if got := j.Query(Filter{}); len(got) != 4 {
+				t.Errorf("%d entries in memory, want 4", len(got))
+			}
+			if rotated, _ := filepath.Glob(filepath.Join(dir, "0*.jsonl")); rotate && len(rotated) == 0 {
+				t.Error("no file rotated")
+			}
+			if err := j.Flush(); err == nil {
+				t.Error("Flush after failed writes: no error")
+			}
+			if err := j.Flush(); err != nil {
+				t.Errorf("second Flush: %v, want the error reported once", err)
+			}
+		})
+	}
+}
+
+// TestJournalGroupsWritesInFlight: records added while a write is in
+// flight go out together in the next write, in sequence order, and none
+// of their Adds returns before that write has.
+func TestJournalGroupsWritesInFlight(t *testing.T) {
+	j, err := Open(Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	// A full pipe: the next write waits until the test reads.
+	pw.Write(make([]byte, 64<<10))
+	j.mu.Lock()
+	j.f.Close()
+	j.f = pw
+	j.mu.Unlock()
+	const n = 10
+	var returned sync.WaitGroup
+	var done atomic.Int32
+	returned.Go(func() { j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "first"}); done.Add(1) })
+	waitFor(t, func() bool { j.mu.Lock(); defer j.mu.Unlock(); return j.writing })
+	for range n - 1 {
+		returned.Go(func() { j.Add(Entry{Kind: KindDNS, Sandbox: "sb"}); done.Add(1) })
+	}
+	waitFor(t, func() bool { j.mu.Lock(); defer j.mu.Unlock(); return j.seq == n })
+	time.Sleep(10 * time.Millisecond)
+	if got := done.Load(); got != 0 {
+		t.Fatalf("%d Adds returned before their write did", got)
+	}
+	r := bufio.NewReader(pr)
+	if _, err := r.Discard(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf(`{"seq":%d,`, i+1); !strings.HasPrefix(line, want) {
+			t.Fatalf("record %d: %s, want it to begin %s", i+1, line, want)
+		}
+	}
+	returned.Wait()
+	j.mu.Lock()
+	writes := j.writes
+	j.mu.Unlock()
+	if writes != 2 {
+		t.Errorf("%d records in %d writes, want 2: the one in flight, then the %d added meanwhile", n, writes, n-1)
+	}
+	j.Close()
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
 	}
 }
