@@ -213,7 +213,8 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 //	  from a bridge (br_netfilter's pass, or the host's receive): to
 //	  another member of the subnet accept; TCP after its SYN: to a
 //	  socket bound to 0.0.0.0 drop, to a transparent socket notrack,
-//	  mark, accept, else reset; TCP and UDP to port 53 notrack, accept;
+//	  mark, accept, else tproxy to the gate or the proxy (their
+//	  listeners), mark, accept, none: reset; TCP and UDP to port 53 notrack, accept;
 //	  everything else drop.
 //	  from a sink (diverted packets): notrack;
 //	  port 53 (UDP, TCP) tproxy to the gate, other TCP tproxy to the proxy,
@@ -281,12 +282,21 @@ func (b *builder) build(cfg RulesConfig) {
 		// the SYN, found by their own addresses and ports, as a local
 		// receive on the bridge: the mark routes them to the host. No
 		// other socket gets them: one bound to every address drops, one
-		// that is not transparent (none of airlockd's) is no match, and a
-		// packet without its connection is reset here, as the proxy's
-		// listener would.
+		// that is not transparent (none of airlockd's) is no match.
 		established := slices.Concat(nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
 		b.rule(sPre, established, socketWildcard(), counterDrop())
 		b.rule(sPre, established, socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		// A segment without a socket of its own goes where its SYN went:
+		// to the gate's or the proxy's listener, which resets it or, when
+		// it answered the SYN with a SYN cookie, makes the connection
+		// from it (no socket held that connection until this ACK). Without
+		// br_netfilter the socket tproxy assigns here is the packet's;
+		// with it, the bridge's divert rule sends a packet that carries a
+		// socket through the divert pair, where tproxy finds the listener
+		// again (ip_rcv_core would orphan this one).
+		b.rule(sPre, established, dport(53), tproxyTo(s.Gateway, cfg.GatePort), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		b.rule(sPre, established, tproxyTo(s.Gateway, cfg.ProxyPort), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		// No listener (airlockd gone): reset, as it would.
 		b.rule(sPre, established, counter(), rejectTCPReset())
 		b.rule(sPre, l4proto(unix.IPPROTO_TCP), notrack(), verdict(expr.VerdictAccept))
 		b.rule(sPre, l4proto(unix.IPPROTO_UDP), dport(53), notrack(), verdict(expr.VerdictAccept))
@@ -361,7 +371,8 @@ type DivertNet struct {
 
 // EnsureDivert adds, or replaces, the netdev ingress chain of one bridge
 // in airlock's netdev table: IPv4 TCP SYNs and fragments (every TCP
-// frame when d.Shaped) and UDP to port 53 that the bridge passes up to
+// frame when d.Shaped), TCP that chain pre-BRIDGE gave a listener under
+// br_netfilter, and UDP to port 53 that the bridge passes up to
 // the host, except what goes to another member of the subnet, are written
 // into the divert pair and dropped on the bridge; a connection's other
 // packets go up the bridge to chain pre-BRIDGE, which hands them to their
@@ -385,9 +396,14 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 	conn.FlushChain(c)
 	b.rule(c, etherIPv4(), toOtherMember(d.Subnet, d.Gateway), verdict(expr.VerdictAccept))
 	// After the SYN, a connection's packets stay on the bridge: chain
-	// pre-BRIDGE hands them to their established socket, or resets them.
+	// pre-BRIDGE hands them to their established socket. One that carries
+	// a socket here has been through pre-BRIDGE under br_netfilter, which
+	// gave it to a listener with tproxy: that one must cross the pair
+	// (after the bridge, ip_rcv_core drops the socket).
 	if !d.Shaped {
-		b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN), verdict(expr.VerdictAccept))
+		afterSYN := slices.Concat(etherIPv4(), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
+		b.rule(c, afterSYN, hasSocket(), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
+		b.rule(c, afterSYN, verdict(expr.VerdictAccept))
 	}
 	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_TCP), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_UDP), dport(53), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
@@ -558,6 +574,17 @@ func socketWildcard() []expr.Any {
 	return []expr.Any{
 		&expr.Socket{Key: expr.SocketKeyWildcard, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
+	}
+}
+
+// hasSocket matches packets that carry a full socket of this network
+// namespace (one tproxy assigned; a member's own sockets are in its
+// namespace). nftables has no socket expression in the netdev family; the
+// socket's owner is read instead, and any owner matches.
+func hasSocket() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeySKUID, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpGte, Register: 1, Data: []byte{0, 0, 0, 0}},
 	}
 }
 
