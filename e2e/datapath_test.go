@@ -433,3 +433,41 @@ func TestProxiedConnectionsWorkWithSYNCookies(t *testing.T) {
 	setBrNetfilter(t, w, "0")
 	t.Run("br_netfilter off", check)
 }
+
+// TestNoSandboxReachesAnothersListeners: a member's segments after its
+// SYN are found their socket by their addresses, so a segment addressed to
+// another sandbox's gateway would find that sandbox's proxy or gate
+// listener. With SYN cookies (tcp_syncookies=2; with 1, while both
+// listeners' queues overflow) the member's own proxy answers its SYN with
+// a cookie that the other sandbox's listener accepts (the secret is the
+// host's): a connection from sandbox A into sandbox B's proxy. Nothing
+// from another network may reach a gateway's listeners.
+func TestNoSandboxReachesAnothersListeners(t *testing.T) {
+	w, cfg, d := setup(t)
+	old, err := w.HostExec("cat", "/proc/sys/net/ipv4/tcp_syncookies")
+	if err != nil {
+		t.Fatal(old)
+	}
+	if out, err := w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=2"); err != nil {
+		t.Fatalf("sysctl tcp_syncookies=2: %v %s", err, out)
+	}
+	t.Cleanup(func() { w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies="+strings.TrimSpace(old)) })
+	check := func(t *testing.T) {
+		// Sandbox B's listeners have sent cookies lately.
+		w.Run(cfg, sbB, "agent", 30*time.Second, "curl", "-sS", "-m", "5", "-o", "/dev/null", "http://"+testworld.WebAddr+"/")
+		w.Run(cfg, sbB, "agent", 30*time.Second, "dig", "+short", "+tcp", "+tries=1", "+time=3", "allowed.test")
+		// Sandbox A's proxy (and gate) may take these, as dialled.
+		for _, port := range []string{"15001", "53"} {
+			w.Run(cfg, sbA, "agent", 30*time.Second, "curl", "-sS", "-m", "3", "-o", "/dev/null", "http://10.88.1.1:"+port+"/")
+		}
+		if m := regexp.MustCompile(`.*sandbox=sbb .*10\.88\.0\.\d+.*`).FindString(d.Log.String()); m != "" {
+			t.Errorf("sandbox B's listeners served a member of sandbox A: %s", m)
+		}
+	}
+	if brNetfilter(t, w) != "1" {
+		setBrNetfilter(t, w, "1")
+	}
+	t.Run("br_netfilter on", check)
+	setBrNetfilter(t, w, "0")
+	t.Run("br_netfilter off", check)
+}

@@ -282,10 +282,17 @@ func (b *builder) build(cfg RulesConfig) {
 		// the SYN, found by their own addresses and ports, as a local
 		// receive on the bridge: the mark routes them to the host. No
 		// other socket gets them: one bound to every address drops, one
-		// that is not transparent (none of airlockd's) is no match.
+		// that is not transparent (none of airlockd's) is no match. The
+		// lookup finds listeners too, after connections: a segment to a
+		// host address (another sandbox's gateway, say) would find the
+		// listener bound there, which takes an ACK that carries a valid
+		// SYN cookie (the secret is the host's, so the member's own
+		// proxy hands it one). Those go the listener's way below, where
+		// tproxy looks up connections only, then the sandbox's own
+		// listener.
 		established := slices.Concat(nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
 		b.rule(sPre, established, socketWildcard(), counterDrop())
-		b.rule(sPre, established, socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		b.rule(sPre, established, daddrNotLocal(), socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
 		// A segment without a socket of its own goes where its SYN went:
 		// to the gate's or the proxy's listener, which resets it or, when
 		// it answered the SYN with a SYN cookie, makes the connection
@@ -574,6 +581,15 @@ func socketWildcard() []expr.Any {
 	return []expr.Any{
 		&expr.Socket{Key: expr.SocketKeyWildcard, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
+	}
+}
+
+// daddrNotLocal matches packets whose destination is not an address of
+// this host (fib daddr type != local).
+func daddrNotLocal() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
 	}
 }
 
