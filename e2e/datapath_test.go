@@ -471,3 +471,69 @@ func TestNoSandboxReachesAnothersListeners(t *testing.T) {
 	setBrNetfilter(t, w, "0")
 	t.Run("br_netfilter off", check)
 }
+
+// vlanTagged returns an Ethernet frame with 802.1Q tags of VLAN 0 (priority
+// tags) inserted after its addresses, one per entry of tpids.
+func vlanTagged(frame []byte, tpids ...uint16) []byte {
+	out := append([]byte{}, frame[:12]...)
+	for _, p := range tpids {
+		out = binary.BigEndian.AppendUint16(out, p)
+		out = append(out, 0, 0)
+	}
+	return append(out, frame[12:]...)
+}
+
+// TestShapedSandboxDivertsEveryTCPFrame: while a sandbox has a bandwidth
+// cap, the cap on its uploads is the divert pair's queue, so every TCP
+// frame a member sends up the bridge must cross the pair; the bridge pass
+// hands a connection's segments to their socket whatever the divert rule
+// decided. A frame with two priority tags (VLAN 0) reaches the netdev rule
+// with a VLAN ethertype and the host's IPv4 receive after the kernel has
+// taken both tags off: it must not get past the divert rule as something
+// other than IPv4, with br_netfilter on and off.
+func TestShapedSandboxDivertsEveryTCPFrame(t *testing.T) {
+	w, _, _, _, _ := policySetup(t, "sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n  resources:\n    bandwidth_mbps: 20\n")
+	ns, mac := rogueMember(t, w, "default", "altev", "10.88.0.97/24")
+	br := bridgeMACOf(t, w, "default")
+	fd := rawSocket(t, w, ns, "altev")
+	// Segments without SYN that took the bridge pass's way (the socket
+	// lookup, then the proxy's listener or a reset) instead of the pair.
+	count := func(family, chain, what string) int {
+		out, err := w.HostExec("nft", "list", "chain", family, "airlock", chain)
+		if err != nil {
+			t.Fatalf("nft list chain: %v %s", err, out)
+		}
+		n := 0
+		for _, l := range strings.Split(out, "\n") {
+			if i := strings.Index(l, "packets "); i >= 0 && strings.Contains(l, what) {
+				var pk int
+				fmt.Sscanf(l[i:], "packets %d", &pk)
+				n += pk
+			}
+		}
+		return n
+	}
+	passed := func() int { return count("inet", "pre-al-default", "tcp flags ! syn") }
+	// Frames the divert rule saw and dropped or diverted.
+	seen := func() int { return count("netdev", "divert-al-default", "") }
+	check := func(t *testing.T) {
+		p0, s0 := passed(), seen()
+		for i, tpids := range [][]uint16{{0x8100, 0x8100}, {0x88a8, 0x8100}, {0x8100, 0x8100, 0x8100}} {
+			f := tcpSegment(br, mac, "10.88.0.97", testworld.WebAddr, uint16(41000+i), 80, 0x10)
+			sendFrames(t, fd, vlanTagged(f, tpids...))
+		}
+		time.Sleep(300 * time.Millisecond)
+		if n := passed() - p0; n != 0 {
+			t.Errorf("%d VLAN-tagged segments took the bridge pass's way under a bandwidth cap (not the divert pair)", n)
+		}
+		if n := seen() - s0; n != 3 {
+			t.Errorf("the divert rule dropped or diverted %d of 3 VLAN-tagged segments", n)
+		}
+	}
+	if brNetfilter(t, w) != "1" {
+		setBrNetfilter(t, w, "1")
+	}
+	t.Run("br_netfilter on", check)
+	setBrNetfilter(t, w, "0")
+	t.Run("br_netfilter off", check)
+}

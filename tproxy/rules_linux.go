@@ -401,6 +401,15 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 	c := conn.AddChain(&nftables.Chain{Name: divertChain(d.Bridge), Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookIngress, Priority: nftables.ChainPriorityFilter, Device: d.Bridge, Policy: &accept})
 	conn.FlushChain(c)
+	// A frame still VLAN-tagged here (the kernel took one tag off at the
+	// member's port) has a VLAN ethertype, so no rule below matches it;
+	// after this hook the kernel takes off further priority tags (VLAN
+	// 0) and hands the IPv4 inside to the host's receive: TCP that never
+	// crossed the divert pair, past a bandwidth cap. No member needs to
+	// send the host a tagged frame.
+	for _, tpid := range []uint16{unix.ETH_P_8021Q, unix.ETH_P_8021AD} {
+		b.rule(c, etherType(tpid), counterDrop())
+	}
 	b.rule(c, etherIPv4(), toOtherMember(d.Subnet, d.Gateway), verdict(expr.VerdictAccept))
 	// After the SYN, a connection's packets stay on the bridge: chain
 	// pre-BRIDGE hands them to their established socket. One that carries
@@ -559,10 +568,14 @@ func markSet(bit uint32) []expr.Any {
 
 // etherIPv4 matches IPv4 frames (netdev family, where meta nfproto is
 // not set).
-func etherIPv4() []expr.Any {
+func etherIPv4() []expr.Any { return etherType(unix.ETH_P_IP) }
+
+// etherType matches frames whose protocol (skb->protocol: the ethertype
+// after a VLAN tag the kernel took off) is typ.
+func etherType(typ uint16) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(typ)},
 	}
 }
 
