@@ -221,7 +221,7 @@ func TestDivertedPacketsFindNothingWhenAirlockdDies(t *testing.T) {
 	if r := w.Run(cfg, sbA, "agent", 20*time.Second, "dig", "+short", "+tries=1", "allowed.test"); !inFakePool(t, r.Stdout) {
 		t.Fatalf("before: %q %q", r.Stdout, r.Stderr)
 	}
-	resets := regexp.MustCompile(`meta l4proto tcp counter packets \d+ bytes \d+ reject with tcp reset`)
+	resets := regexp.MustCompile(`meta l4proto tcp counter packets \d+ bytes \d+ drop`)
 	before := ruleCounter(t, w, "inet", "tp-al-"+sbA, resets)
 	queries := len(w.DNS.Queries())
 	d.Kill()
@@ -316,6 +316,51 @@ func tcpSegment(dst, src net.HardwareAddr, from, to string, sport, dport uint16,
 	return append(append(f, h...), tcp...)
 }
 
+// tcpResets opens a packet socket on link dev of namespace ns and returns
+// a func that collects the TCP resets it has received since the last
+// call, by destination port, waiting until 300 ms pass without one.
+func tcpResets(t *testing.T, w *testworld.World, ns, dev string) func() map[uint16]bool {
+	t.Helper()
+	var fd int
+	w.InNetns(ns, func() {
+		l, err := net.InterfaceByName(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_IP))); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: l.Index}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Cleanup(func() { unix.Close(fd) })
+	tv := unix.NsecToTimeval((300 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return func() map[uint16]bool {
+		got := map[uint16]bool{}
+		buf := make([]byte, 2048)
+		for {
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				return got
+			}
+			f := buf[:n]
+			if len(f) < 14+20 || f[14+9] != unix.IPPROTO_TCP {
+				continue
+			}
+			tcp := f[14+int(f[14]&0xf)*4:]
+			if len(tcp) >= 14 && tcp[13]&0x04 != 0 {
+				got[binary.BigEndian.Uint16(tcp[2:])] = true
+			}
+		}
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
 // onesSum adds b to the ones' complement sum s.
 func onesSum(s uint16, b []byte) uint16 {
 	sum := uint32(s)
@@ -368,9 +413,11 @@ func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
 	// A segment with no socket of its own goes to the proxy's listener
 	// (which resets it, or takes it for a SYN cookie's ACK).
 	resets := regexp.MustCompile(`tcp flags ! syn tproxy ip to 10\.88\.0\.1:15001 counter packets \d+ bytes \d+ notrack`)
-	wildcards := regexp.MustCompile(`tcp flags ! syn socket wildcard 1 counter packets \d+ bytes \d+ drop`)
+	wildcards := regexp.MustCompile(`tcp flags ! syn socket wildcard 1 counter packets \d+ bytes \d+ reject with tcp reset`)
 	const ack, fin, rst, psh = 0x10, 0x01, 0x04, 0x08
+	resetsTo := tcpResets(t, w, ns, "altea")
 	check := func(t *testing.T) {
+		resetsTo()
 		r0, w0 := ruleCounter(t, w, "inet", "pre-al-"+sbA, resets), ruleCounter(t, w, "inet", "pre-al-"+sbA, wildcards)
 		for i, to := range []string{testworld.DecoyAddr, testworld.WebAddr, "10.88.0.1", "10.88.1.1"} {
 			port := uint16(40000 + 10*i)
@@ -384,7 +431,18 @@ func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		r1, w1 := ruleCounter(t, w, "inet", "pre-al-"+sbA, resets), ruleCounter(t, w, "inet", "pre-al-"+sbA, wildcards)
 		if w1-w0 != 8 {
-			t.Errorf("segments to sockets on every address: %d dropped, want 8", w1-w0)
+			t.Errorf("segments to sockets on every address: %d reset, want 8", w1-w0)
+		}
+		// The member gets the same answer whatever the host listens on: a
+		// reset for each segment but the reset (no scan of the host's
+		// ports).
+		got := resetsTo()
+		for i := range 4 {
+			for j := range 4 {
+				if p := uint16(40000 + 10*i + j); !got[p] {
+					t.Errorf("no reset for the member's segment from port %d", p)
+				}
+			}
 		}
 		if r1-r0 != 12 {
 			t.Errorf("segments with no socket: %d handed to the proxy's listener, want 12", r1-r0)

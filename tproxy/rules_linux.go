@@ -212,7 +212,7 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 //	prerouting (filter, raw: before conntrack and Docker's NAT):
 //	  from a bridge (br_netfilter's pass, or the host's receive): to
 //	  another member of the subnet accept; TCP after its SYN: to a
-//	  socket bound to 0.0.0.0 drop, to a transparent socket notrack,
+//	  socket bound to 0.0.0.0 reset, to a transparent socket notrack,
 //	  mark, accept, else tproxy to the gate or the proxy (their
 //	  listeners), mark, accept, none: reset; TCP and UDP to port 53 notrack, accept;
 //	  everything else drop.
@@ -281,7 +281,7 @@ func (b *builder) build(cfg RulesConfig) {
 		// SYNs and fragments) go to the transparent socket that tproxy gave
 		// the SYN, found by their own addresses and ports, as a local
 		// receive on the bridge: the mark routes them to the host. No
-		// other socket gets them: one bound to every address drops, one
+		// other socket gets them: one bound to every address resets, one
 		// that is not transparent (none of airlockd's) is no match. The
 		// lookup finds listeners too, after connections: a segment to a
 		// host address (another sandbox's gateway, say) would find the
@@ -291,7 +291,9 @@ func (b *builder) build(cfg RulesConfig) {
 		// tproxy looks up connections only, then the sandbox's own
 		// listener.
 		established := slices.Concat(nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
-		b.rule(sPre, established, socketWildcard(), counterDrop())
+		// Reset, as a segment with no socket is: a member must not tell
+		// the host's ports on every address from closed ones.
+		b.rule(sPre, established, socketWildcard(), counter(), rejectTCPReset())
 		b.rule(sPre, established, daddrNotLocal(), socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
 		// A segment without a socket of its own goes where its SYN went:
 		// to the gate's or the proxy's listener, which resets it or, when
