@@ -172,7 +172,7 @@ func explainNftError(err error) error {
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("nftables: permission denied; airlockd needs root (CAP_NET_ADMIN): %w", err)
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("nftables: the kernel lacks a feature airlock needs (nf_tables inet and netdev families, tproxy, notrack, reject, dup, counter); check CONFIG_NF_TABLES_INET, CONFIG_NF_TABLES_NETDEV, CONFIG_NFT_TPROXY, CONFIG_NFT_CT, CONFIG_NFT_REJECT and CONFIG_NF_DUP_NETDEV: %w", err)
+		return fmt.Errorf("nftables: the kernel lacks a feature airlock needs (nf_tables inet and netdev families, tproxy, socket, fib, notrack, reject, dup, counter); check CONFIG_NF_TABLES_INET, CONFIG_NF_TABLES_NETDEV, CONFIG_NFT_TPROXY, CONFIG_NFT_SOCKET, CONFIG_NFT_FIB_INET, CONFIG_NFT_CT, CONFIG_NFT_REJECT and CONFIG_NF_DUP_NETDEV: %w", err)
 	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EPROTONOSUPPORT):
 		return fmt.Errorf("nftables: operation not supported by this kernel (tproxy in the inet family and reject in prerouting need Linux ≥ 5.x): %w", err)
 	case errors.Is(err, unix.ENODEV):
