@@ -221,7 +221,7 @@ func TestDivertedPacketsFindNothingWhenAirlockdDies(t *testing.T) {
 	if r := w.Run(cfg, sbA, "agent", 20*time.Second, "dig", "+short", "+tries=1", "allowed.test"); !inFakePool(t, r.Stdout) {
 		t.Fatalf("before: %q %q", r.Stdout, r.Stderr)
 	}
-	resets := regexp.MustCompile(`meta l4proto tcp counter packets \d+ bytes \d+ drop`)
+	resets := regexp.MustCompile(`meta l4proto tcp counter packets \d+ bytes \d+ reject with tcp reset`)
 	before := ruleCounter(t, w, "inet", "tp-al-"+sbA, resets)
 	queries := len(w.DNS.Queries())
 	d.Kill()
