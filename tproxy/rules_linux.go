@@ -212,10 +212,11 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 //	prerouting (filter, raw: before conntrack and Docker's NAT):
 //	  from a bridge (br_netfilter's pass, or the host's receive): to
 //	  another member of the subnet accept; TCP after its SYN: to a
-//	  socket bound to 0.0.0.0 reset, to a transparent socket notrack,
-//	  mark, accept, else tproxy to the gate or the proxy (their
-//	  listeners), mark, accept, none: reset; TCP and UDP to port 53 notrack, accept;
-//	  everything else drop.
+//	  socket bound to 0.0.0.0 reset, not to a host address and to a
+//	  transparent socket notrack, mark, accept, else tproxy to the gate
+//	  or the proxy (a connection, or their listeners), mark, accept,
+//	  none: reset; TCP and UDP to port 53 notrack, accept; everything
+//	  else drop.
 //	  from a sink (diverted packets): notrack;
 //	  port 53 (UDP, TCP) tproxy to the gate, other TCP tproxy to the proxy,
 //	  each setting the mark; TCP left over (no socket) reset; the rest drop.
