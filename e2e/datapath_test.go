@@ -316,6 +316,51 @@ func tcpSegment(dst, src net.HardwareAddr, from, to string, sport, dport uint16,
 	return append(append(f, h...), tcp...)
 }
 
+// tcpResets opens a packet socket on link dev of namespace ns and returns
+// a func that collects the TCP resets it has received since the last
+// call, by destination port, waiting until 300 ms pass without one.
+func tcpResets(t *testing.T, w *testworld.World, ns, dev string) func() map[uint16]bool {
+	t.Helper()
+	var fd int
+	w.InNetns(ns, func() {
+		l, err := net.InterfaceByName(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_IP))); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: l.Index}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Cleanup(func() { unix.Close(fd) })
+	tv := unix.NsecToTimeval((300 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return func() map[uint16]bool {
+		got := map[uint16]bool{}
+		buf := make([]byte, 2048)
+		for {
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				return got
+			}
+			f := buf[:n]
+			if len(f) < 14+20 || f[14+9] != unix.IPPROTO_TCP {
+				continue
+			}
+			tcp := f[14+int(f[14]&0xf)*4:]
+			if len(tcp) >= 14 && tcp[13]&0x04 != 0 {
+				got[binary.BigEndian.Uint16(tcp[2:])] = true
+			}
+		}
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
 // onesSum adds b to the ones' complement sum s.
 func onesSum(s uint16, b []byte) uint16 {
 	sum := uint32(s)
@@ -365,10 +410,14 @@ func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
 			}()
 		}
 	})
-	resets := regexp.MustCompile(`tcp flags ! syn counter packets \d+ bytes \d+ reject with tcp reset`)
-	wildcards := regexp.MustCompile(`tcp flags ! syn socket wildcard 1 counter packets \d+ bytes \d+ drop`)
+	// A segment with no socket of its own goes to the proxy's listener
+	// (which resets it, or takes it for a SYN cookie's ACK).
+	resets := regexp.MustCompile(`tcp flags ! syn tproxy ip to 10\.88\.0\.1:15001 counter packets \d+ bytes \d+ notrack`)
+	wildcards := regexp.MustCompile(`tcp flags ! syn socket wildcard 1 counter packets \d+ bytes \d+ reject with tcp reset`)
 	const ack, fin, rst, psh = 0x10, 0x01, 0x04, 0x08
+	resetsTo := tcpResets(t, w, ns, "altea")
 	check := func(t *testing.T) {
+		resetsTo()
 		r0, w0 := ruleCounter(t, w, "inet", "pre-al-"+sbA, resets), ruleCounter(t, w, "inet", "pre-al-"+sbA, wildcards)
 		for i, to := range []string{testworld.DecoyAddr, testworld.WebAddr, "10.88.0.1", "10.88.1.1"} {
 			port := uint16(40000 + 10*i)
@@ -382,10 +431,21 @@ func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		r1, w1 := ruleCounter(t, w, "inet", "pre-al-"+sbA, resets), ruleCounter(t, w, "inet", "pre-al-"+sbA, wildcards)
 		if w1-w0 != 8 {
-			t.Errorf("segments to sockets on every address: %d dropped, want 8", w1-w0)
+			t.Errorf("segments to sockets on every address: %d reset, want 8", w1-w0)
+		}
+		// The member gets the same answer whatever the host listens on: a
+		// reset for each segment but the reset (no scan of the host's
+		// ports).
+		got := resetsTo()
+		for i := range 4 {
+			for j := range 4 {
+				if p := uint16(40000 + 10*i + j); !got[p] {
+					t.Errorf("no reset for the member's segment from port %d", p)
+				}
+			}
 		}
 		if r1-r0 != 12 {
-			t.Errorf("segments with no socket: %d reset (or, a reset, dropped), want 12", r1-r0)
+			t.Errorf("segments with no socket: %d handed to the proxy's listener, want 12", r1-r0)
 		}
 	}
 	if brNetfilter(t, w) != "1" {
@@ -400,4 +460,138 @@ func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
 	for _, l := range w.Reached() {
 		t.Errorf("reached the internet: %s", l)
 	}
+}
+
+// TestProxiedConnectionsWorkWithSYNCookies: when the proxy's listener
+// answers a SYN with a SYN cookie (tcp_syncookies=2 here; with 1, as soon
+// as a member fills the listener's queue), no socket holds the connection
+// until the member's ACK reaches the listener, which only the tproxy rule
+// finds (the ACK is addressed to the destination the member dialled).
+// Connections must still work, with br_netfilter on and off.
+func TestProxiedConnectionsWorkWithSYNCookies(t *testing.T) {
+	w, cfg, _ := setup(t)
+	old, err := w.HostExec("cat", "/proc/sys/net/ipv4/tcp_syncookies")
+	if err != nil {
+		t.Fatal(old)
+	}
+	if out, err := w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=2"); err != nil {
+		t.Fatalf("sysctl tcp_syncookies=2: %v %s", err, out)
+	}
+	t.Cleanup(func() { w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies="+strings.TrimSpace(old)) })
+	check := func(t *testing.T) {
+		r := w.Run(cfg, sbA, "agent", 30*time.Second, "curl", "-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}", "http://allowed.test/")
+		if r.Stdout != "200" {
+			t.Errorf("curl http://allowed.test/ with SYN cookies: %q %q", r.Stdout, r.Stderr)
+		}
+	}
+	if brNetfilter(t, w) != "1" {
+		setBrNetfilter(t, w, "1")
+	}
+	t.Run("br_netfilter on", check)
+	setBrNetfilter(t, w, "0")
+	t.Run("br_netfilter off", check)
+}
+
+// TestNoSandboxReachesAnothersListeners: a member's segments after its
+// SYN are found their socket by their addresses, so a segment addressed to
+// another sandbox's gateway would find that sandbox's proxy or gate
+// listener. With SYN cookies (tcp_syncookies=2; with 1, while both
+// listeners' queues overflow) the member's own proxy answers its SYN with
+// a cookie that the other sandbox's listener accepts (the secret is the
+// host's): a connection from sandbox A into sandbox B's proxy. Nothing
+// from another network may reach a gateway's listeners.
+func TestNoSandboxReachesAnothersListeners(t *testing.T) {
+	w, cfg, d := setup(t)
+	old, err := w.HostExec("cat", "/proc/sys/net/ipv4/tcp_syncookies")
+	if err != nil {
+		t.Fatal(old)
+	}
+	if out, err := w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=2"); err != nil {
+		t.Fatalf("sysctl tcp_syncookies=2: %v %s", err, out)
+	}
+	t.Cleanup(func() { w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies="+strings.TrimSpace(old)) })
+	check := func(t *testing.T) {
+		// Sandbox B's listeners have sent cookies lately.
+		w.Run(cfg, sbB, "agent", 30*time.Second, "curl", "-sS", "-m", "5", "-o", "/dev/null", "http://"+testworld.WebAddr+"/")
+		w.Run(cfg, sbB, "agent", 30*time.Second, "dig", "+short", "+tcp", "+tries=1", "+time=3", "allowed.test")
+		// Sandbox A's proxy (and gate) may take these, as dialled.
+		for _, port := range []string{"15001", "53"} {
+			w.Run(cfg, sbA, "agent", 30*time.Second, "curl", "-sS", "-m", "3", "-o", "/dev/null", "http://10.88.1.1:"+port+"/")
+		}
+		if m := regexp.MustCompile(`.*sandbox=sbb .*10\.88\.0\.\d+.*`).FindString(d.Log.String()); m != "" {
+			t.Errorf("sandbox B's listeners served a member of sandbox A: %s", m)
+		}
+	}
+	if brNetfilter(t, w) != "1" {
+		setBrNetfilter(t, w, "1")
+	}
+	t.Run("br_netfilter on", check)
+	setBrNetfilter(t, w, "0")
+	t.Run("br_netfilter off", check)
+}
+
+// vlanTagged returns an Ethernet frame with 802.1Q tags of VLAN 0 (priority
+// tags) inserted after its addresses, one per entry of tpids.
+func vlanTagged(frame []byte, tpids ...uint16) []byte {
+	out := append([]byte{}, frame[:12]...)
+	for _, p := range tpids {
+		out = binary.BigEndian.AppendUint16(out, p)
+		out = append(out, 0, 0)
+	}
+	return append(out, frame[12:]...)
+}
+
+// TestShapedSandboxDivertsEveryTCPFrame: while a sandbox has a bandwidth
+// cap, the cap on its uploads is the divert pair's queue, so every TCP
+// frame a member sends up the bridge must cross the pair; the bridge pass
+// hands a connection's segments to their socket whatever the divert rule
+// decided. A frame with two priority tags (VLAN 0) reaches the netdev rule
+// with a VLAN ethertype and the host's IPv4 receive after the kernel has
+// taken both tags off: it must not get past the divert rule as something
+// other than IPv4, with br_netfilter on and off.
+func TestShapedSandboxDivertsEveryTCPFrame(t *testing.T) {
+	w, _, _, _, _ := policySetup(t, "sandbox:\n  network_allowlist:\n    user:\n      - pattern: allowed.test\n  resources:\n    bandwidth_mbps: 20\n")
+	ns, mac := rogueMember(t, w, "default", "altev", "10.88.0.97/24")
+	br := bridgeMACOf(t, w, "default")
+	fd := rawSocket(t, w, ns, "altev")
+	// Segments without SYN that took the bridge pass's way (the socket
+	// lookup, then the proxy's listener or a reset) instead of the pair.
+	count := func(family, chain, what string) int {
+		out, err := w.HostExec("nft", "list", "chain", family, "airlock", chain)
+		if err != nil {
+			t.Fatalf("nft list chain: %v %s", err, out)
+		}
+		n := 0
+		for _, l := range strings.Split(out, "\n") {
+			if i := strings.Index(l, "packets "); i >= 0 && strings.Contains(l, what) {
+				var pk int
+				fmt.Sscanf(l[i:], "packets %d", &pk)
+				n += pk
+			}
+		}
+		return n
+	}
+	passed := func() int { return count("inet", "pre-al-default", "tcp flags ! syn") }
+	// Frames the divert rule saw and dropped or diverted.
+	seen := func() int { return count("netdev", "divert-al-default", "") }
+	check := func(t *testing.T) {
+		p0, s0 := passed(), seen()
+		for i, tpids := range [][]uint16{{0x8100, 0x8100}, {0x88a8, 0x8100}, {0x8100, 0x8100, 0x8100}} {
+			f := tcpSegment(br, mac, "10.88.0.97", testworld.WebAddr, uint16(41000+i), 80, 0x10)
+			sendFrames(t, fd, vlanTagged(f, tpids...))
+		}
+		time.Sleep(300 * time.Millisecond)
+		if n := passed() - p0; n != 0 {
+			t.Errorf("%d VLAN-tagged segments took the bridge pass's way under a bandwidth cap (not the divert pair)", n)
+		}
+		if n := seen() - s0; n != 3 {
+			t.Errorf("the divert rule dropped or diverted %d of 3 VLAN-tagged segments", n)
+		}
+	}
+	if brNetfilter(t, w) != "1" {
+		setBrNetfilter(t, w, "1")
+	}
+	t.Run("br_netfilter on", check)
+	setBrNetfilter(t, w, "0")
+	t.Run("br_netfilter off", check)
 }

@@ -320,6 +320,12 @@ func renderExprs(es []expr.Any) string {
 			parts = append(parts, fmt.Sprintf("dup to device r%d", e.RegDev))
 		case *expr.Socket:
 			parts = append(parts, fmt.Sprintf("r%d = socket key %d", e.Register, e.Key))
+		case *expr.Fib:
+			if *e != (expr.Fib{Register: e.Register, ResultADDRTYPE: true, FlagDADDR: true}) {
+				parts = append(parts, fmt.Sprintf("%T%+v", e, e))
+				break
+			}
+			parts = append(parts, fmt.Sprintf("r%d = fib daddr type", e.Register))
 		case *expr.Notrack:
 			parts = append(parts, "notrack")
 		case *expr.Reject:
@@ -355,6 +361,8 @@ func metaName(k expr.MetaKey) string {
 		return "pkttype"
 	case expr.MetaKeyPROTOCOL:
 		return "protocol"
+	case expr.MetaKeySKUID:
+		return "skuid"
 	}
 	return fmt.Sprintf("meta(%d)", k)
 }

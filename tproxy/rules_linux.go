@@ -172,7 +172,7 @@ func explainNftError(err error) error {
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("nftables: permission denied; airlockd needs root (CAP_NET_ADMIN): %w", err)
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("nftables: the kernel lacks a feature airlock needs (nf_tables inet and netdev families, tproxy, notrack, reject, dup, counter); check CONFIG_NF_TABLES_INET, CONFIG_NF_TABLES_NETDEV, CONFIG_NFT_TPROXY, CONFIG_NFT_CT, CONFIG_NFT_REJECT and CONFIG_NF_DUP_NETDEV: %w", err)
+		return fmt.Errorf("nftables: the kernel lacks a feature airlock needs (nf_tables inet and netdev families, tproxy, socket, fib, notrack, reject, dup, counter); check CONFIG_NF_TABLES_INET, CONFIG_NF_TABLES_NETDEV, CONFIG_NFT_TPROXY, CONFIG_NFT_SOCKET, CONFIG_NFT_FIB_INET, CONFIG_NFT_CT, CONFIG_NFT_REJECT and CONFIG_NF_DUP_NETDEV: %w", err)
 	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EPROTONOSUPPORT):
 		return fmt.Errorf("nftables: operation not supported by this kernel (tproxy in the inet family and reject in prerouting need Linux ≥ 5.x): %w", err)
 	case errors.Is(err, unix.ENODEV):
@@ -212,9 +212,11 @@ func (b *builder) rule(c *nftables.Chain, parts ...[]expr.Any) {
 //	prerouting (filter, raw: before conntrack and Docker's NAT):
 //	  from a bridge (br_netfilter's pass, or the host's receive): to
 //	  another member of the subnet accept; TCP after its SYN: to a
-//	  socket bound to 0.0.0.0 drop, to a transparent socket notrack,
-//	  mark, accept, else reset; TCP and UDP to port 53 notrack, accept;
-//	  everything else drop.
+//	  socket bound to 0.0.0.0 reset, not to a host address and to a
+//	  transparent socket notrack, mark, accept, else tproxy to the gate
+//	  or the proxy (a connection, or their listeners), mark, accept,
+//	  none: reset; TCP and UDP to port 53 notrack, accept; everything
+//	  else drop.
 //	  from a sink (diverted packets): notrack;
 //	  port 53 (UDP, TCP) tproxy to the gate, other TCP tproxy to the proxy,
 //	  each setting the mark; TCP left over (no socket) reset; the rest drop.
@@ -280,13 +282,31 @@ func (b *builder) build(cfg RulesConfig) {
 		// SYNs and fragments) go to the transparent socket that tproxy gave
 		// the SYN, found by their own addresses and ports, as a local
 		// receive on the bridge: the mark routes them to the host. No
-		// other socket gets them: one bound to every address drops, one
-		// that is not transparent (none of airlockd's) is no match, and a
-		// packet without its connection is reset here, as the proxy's
-		// listener would.
+		// other socket gets them: one bound to every address resets, one
+		// that is not transparent (none of airlockd's) is no match. The
+		// lookup finds listeners too, after connections: a segment to a
+		// host address (another sandbox's gateway, say) would find the
+		// listener bound there, which takes an ACK that carries a valid
+		// SYN cookie (the secret is the host's, so the member's own
+		// proxy hands it one). Those go the listener's way below, where
+		// tproxy looks up connections only, then the sandbox's own
+		// listener.
 		established := slices.Concat(nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
-		b.rule(sPre, established, socketWildcard(), counterDrop())
-		b.rule(sPre, established, socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		// Reset, as a segment with no socket is: a member must not tell
+		// the host's ports on every address from closed ones.
+		b.rule(sPre, established, socketWildcard(), counter(), rejectTCPReset())
+		b.rule(sPre, established, daddrNotLocal(), socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		// A segment without a socket of its own goes where its SYN went:
+		// to the gate's or the proxy's listener, which resets it or, when
+		// it answered the SYN with a SYN cookie, makes the connection
+		// from it (no socket held that connection until this ACK). Without
+		// br_netfilter the socket tproxy assigns here is the packet's;
+		// with it, the bridge's divert rule sends a packet that carries a
+		// socket through the divert pair, where tproxy finds the listener
+		// again (ip_rcv_core would orphan this one).
+		b.rule(sPre, established, dport(53), tproxyTo(s.Gateway, cfg.GatePort), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		b.rule(sPre, established, tproxyTo(s.Gateway, cfg.ProxyPort), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		// No listener (airlockd gone): reset, as it would.
 		b.rule(sPre, established, counter(), rejectTCPReset())
 		b.rule(sPre, l4proto(unix.IPPROTO_TCP), notrack(), verdict(expr.VerdictAccept))
 		b.rule(sPre, l4proto(unix.IPPROTO_UDP), dport(53), notrack(), verdict(expr.VerdictAccept))
@@ -361,7 +381,8 @@ type DivertNet struct {
 
 // EnsureDivert adds, or replaces, the netdev ingress chain of one bridge
 // in airlock's netdev table: IPv4 TCP SYNs and fragments (every TCP
-// frame when d.Shaped) and UDP to port 53 that the bridge passes up to
+// frame when d.Shaped), TCP that chain pre-BRIDGE gave a listener under
+// br_netfilter, and UDP to port 53 that the bridge passes up to
 // the host, except what goes to another member of the subnet, are written
 // into the divert pair and dropped on the bridge; a connection's other
 // packets go up the bridge to chain pre-BRIDGE, which hands them to their
@@ -383,11 +404,25 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 	c := conn.AddChain(&nftables.Chain{Name: divertChain(d.Bridge), Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookIngress, Priority: nftables.ChainPriorityFilter, Device: d.Bridge, Policy: &accept})
 	conn.FlushChain(c)
+	// A frame still VLAN-tagged here (the kernel took one tag off at the
+	// member's port) has a VLAN ethertype, so no rule below matches it;
+	// after this hook the kernel takes off further priority tags (VLAN
+	// 0) and hands the IPv4 inside to the host's receive: TCP that never
+	// crossed the divert pair, past a bandwidth cap. No member needs to
+	// send the host a tagged frame.
+	for _, tpid := range []uint16{unix.ETH_P_8021Q, unix.ETH_P_8021AD} {
+		b.rule(c, etherType(tpid), counterDrop())
+	}
 	b.rule(c, etherIPv4(), toOtherMember(d.Subnet, d.Gateway), verdict(expr.VerdictAccept))
 	// After the SYN, a connection's packets stay on the bridge: chain
-	// pre-BRIDGE hands them to their established socket, or resets them.
+	// pre-BRIDGE hands them to their established socket. One that carries
+	// a socket here has been through pre-BRIDGE under br_netfilter, which
+	// gave it to a listener with tproxy: that one must cross the pair
+	// (after the bridge, ip_rcv_core drops the socket).
 	if !d.Shaped {
-		b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN), verdict(expr.VerdictAccept))
+		afterSYN := slices.Concat(etherIPv4(), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
+		b.rule(c, afterSYN, hasSocket(), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
+		b.rule(c, afterSYN, verdict(expr.VerdictAccept))
 	}
 	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_TCP), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 	b.rule(c, etherIPv4(), l4proto(unix.IPPROTO_UDP), dport(53), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
@@ -536,10 +571,14 @@ func markSet(bit uint32) []expr.Any {
 
 // etherIPv4 matches IPv4 frames (netdev family, where meta nfproto is
 // not set).
-func etherIPv4() []expr.Any {
+func etherIPv4() []expr.Any { return etherType(unix.ETH_P_IP) }
+
+// etherType matches frames whose protocol (skb->protocol: the ethertype
+// after a VLAN tag the kernel took off) is typ.
+func etherType(typ uint16) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(typ)},
 	}
 }
 
@@ -558,6 +597,26 @@ func socketWildcard() []expr.Any {
 	return []expr.Any{
 		&expr.Socket{Key: expr.SocketKeyWildcard, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
+	}
+}
+
+// daddrNotLocal matches packets whose destination is not an address of
+// this host (fib daddr type != local).
+func daddrNotLocal() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+	}
+}
+
+// hasSocket matches packets that carry a full socket of this network
+// namespace (one tproxy assigned; a member's own sockets are in its
+// namespace). nftables has no socket expression in the netdev family; the
+// socket's owner is read instead, and any owner matches.
+func hasSocket() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeySKUID, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpGte, Register: 1, Data: []byte{0, 0, 0, 0}},
 	}
 }
 

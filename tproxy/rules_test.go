@@ -69,9 +69,9 @@ func TestEnsureRulesReplacesTableAtomically(t *testing.T) {
 		}
 	}
 	// Drops of member veths and divert ends (5 each), sinks routed out (1);
-	// per sandbox: 4 jumps, 4 src, 7 pre, 6 tp, 7 input, 4 forward, 1
+	// per sandbox: 4 jumps, 4 src, 9 pre, 6 tp, 7 input, 4 forward, 1
 	// output; and drops of unowned sinks (4).
-	if want := 5 + 5 + 1 + 2*(4+4+7+6+7+4+1) + 4; rules != want {
+	if want := 5 + 5 + 1 + 2*(4+4+9+6+7+4+1) + 4; rules != want {
 		t.Errorf("%d rules, want %d", rules, want)
 	}
 }
