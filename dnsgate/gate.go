@@ -90,6 +90,13 @@ type Config struct {
 	TTL uint32
 	// UpstreamTimeout bounds one forwarded query; 0 means 5 s.
 	UpstreamTimeout time.Duration
+	// MaxForwarded is the most queries the gate forwards upstream at once,
+	// over UDP and TCP together; another one is answered SERVFAIL at once.
+	// Each holds a socket and a goroutine for up to UpstreamTimeout, so
+	// without a bound a member's flood of queries for an allowed name
+	// would take airlockd's descriptors from every sandbox. 0 means
+	// DefaultMaxForwarded.
+	MaxForwarded int
 	// Internal is the IPv4 address policy.InternalName (airlock.internal)
 	// answers with: the gateway, where the proxy serves the member API.
 	// Zero means Listen's address; when that is unspecified too, the name
@@ -97,14 +104,18 @@ type Config struct {
 	Internal netip.Addr
 }
 
+// DefaultMaxForwarded is a gate's MaxForwarded when its config names none.
+const DefaultMaxForwarded = 256
+
 // DefaultTTL is the TTL, in seconds, of fake-IP answers: short, so that a
 // name's answer follows policy and pool changes quickly.
 const DefaultTTL = 5
 
 // Gate is a sandbox's DNS server.
 type Gate struct {
-	cfg Config
-	log *slog.Logger
+	cfg       Config
+	log       *slog.Logger
+	forwarded chan struct{} // a slot for each query being forwarded, MaxForwarded in all
 
 	mu      sync.Mutex // guards servers, udp, closed and addr
 	servers []*dns.Server
@@ -130,6 +141,12 @@ func New(cfg Config) (*Gate, error) {
 	if cfg.UpstreamTimeout == 0 {
 		cfg.UpstreamTimeout = 5 * time.Second
 	}
+	if cfg.MaxForwarded == 0 {
+		cfg.MaxForwarded = DefaultMaxForwarded
+	}
+	if cfg.MaxForwarded < 0 {
+		return nil, errors.New("dnsgate: MaxForwarded is negative")
+	}
 	if !cfg.Internal.IsValid() && !cfg.Listen.Addr().IsUnspecified() {
 		cfg.Internal = cfg.Listen.Addr()
 	}
@@ -140,7 +157,8 @@ func New(cfg Config) (*Gate, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Gate{cfg: cfg, log: log.With("component", "dnsgate", "sandbox", cfg.Sandbox)}, nil
+	return &Gate{cfg: cfg, log: log.With("component", "dnsgate", "sandbox", cfg.Sandbox),
+		forwarded: make(chan struct{}, cfg.MaxForwarded)}, nil
 }
 
 // Start binds UDP and TCP on the listen address and serves until Close. A
@@ -356,6 +374,14 @@ func (g *Gate) forward(req, resp *dns.Msg, name string, ev *Event) *dns.Msg {
 	if !ok {
 		ev.Verdict, ev.Reason = VerdictTripped, trip.Reason
 		return refuse(req, resp, "exfiltration guard: "+trip.Reason)
+	}
+	select {
+	case g.forwarded <- struct{}{}:
+		defer func() { <-g.forwarded }()
+	default:
+		ev.Verdict, ev.Reason = VerdictError, fmt.Sprintf("%d queries of the sandbox are being forwarded already", cap(g.forwarded))
+		resp.Rcode = dns.RcodeServerFailure
+		return resp
 	}
 	q := req.Question[0]
 	up := new(dns.Msg)
