@@ -184,7 +184,7 @@ func (g *Gate) Start() error {
 	}
 	addr := pcs[0].LocalAddr().String()
 	g.addr = pcs[0].LocalAddr().(*net.UDPAddr).AddrPort()
-	tcp := &dns.Server{Listener: ln, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+	tcp := &dns.Server{Listener: &tcpLimit{Listener: ln, log: g.log}, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
 	g.servers = []*dns.Server{tcp}
 	if miekg {
 		g.servers = append(g.servers, &dns.Server{PacketConn: pcs[0], Handler: g, UDPSize: udpReadSize})
@@ -519,6 +519,76 @@ func (g *Gate) emit(ev Event) {
 	if g.cfg.OnEvent != nil {
 		g.cfg.OnEvent(ev)
 	}
+}
+
+// Bounds of a gate's DNS-over-TCP connections, each a descriptor and a
+// goroutine of airlockd's that a member keeps as long as it asks on it
+// (invariant 17).
+const (
+	maxTCPConns          = 512 // a gate's at once
+	maxTCPConnsPerClient = 16  // one client address's at once
+)
+
+// tcpLimit is the gate's TCP listener: a connection past maxTCPConns, or
+// past maxTCPConnsPerClient from its address, is closed at accept.
+type tcpLimit struct {
+	net.Listener
+	log *slog.Logger
+
+	mu    sync.Mutex // guards the following fields
+	total int
+	per   map[netip.Addr]int
+}
+
+func (l *tcpLimit) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		var addr netip.Addr
+		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			addr = a.AddrPort().Addr().Unmap()
+		}
+		l.mu.Lock()
+		ok := l.total < maxTCPConns && l.per[addr] < maxTCPConnsPerClient
+		if ok {
+			if l.per == nil {
+				l.per = map[netip.Addr]int{}
+			}
+			l.total++
+			l.per[addr]++
+		}
+		l.mu.Unlock()
+		if ok {
+			return &limitedConn{Conn: c, l: l, addr: addr}, nil
+		}
+		l.log.Debug("dns over tcp: connection closed at the limit", "addr", addr.String())
+		c.Close()
+	}
+}
+
+func (l *tcpLimit) release(addr netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if l.per[addr]--; l.per[addr] <= 0 {
+		delete(l.per, addr)
+	}
+}
+
+// limitedConn gives its place back to its tcpLimit when closed.
+type limitedConn struct {
+	net.Conn
+	l    *tcpLimit
+	addr netip.Addr
+	once sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.l.release(c.addr) })
+	return err
 }
 
 // listenError explains a failed bind in words a user can act on.

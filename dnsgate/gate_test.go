@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -619,5 +621,62 @@ func TestGateBoundsForwarded(t *testing.T) {
 	}
 	if refused != 4 {
 		t.Errorf("%d events say the bound was reached, want 4", refused)
+	}
+}
+
+// TestGateBoundsTCPConnections: a client holds at most
+// maxTCPConnsPerClient DNS connections open at once; one more is closed
+// at once, unanswered, and the gate takes new ones again as it closes
+// the ones it holds.
+func TestGateBoundsTCPConnections(t *testing.T) {
+	w := newWorld(t, GuardConfig{}, "allowed.test")
+	ask := func(c *dns.Conn) error {
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		m := new(dns.Msg)
+		m.SetQuestion("allowed.test.", dns.TypeA)
+		if err := c.WriteMsg(m); err != nil {
+			return err
+		}
+		r, err := c.ReadMsg()
+		if err == nil && r.Rcode != dns.RcodeSuccess {
+			err = fmt.Errorf("rcode %s", dns.RcodeToString[r.Rcode])
+		}
+		return err
+	}
+	var held []*dns.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := range maxTCPConnsPerClient {
+		c, err := dns.Dial("tcp", w.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		if err := ask(c); err != nil {
+			t.Fatalf("connection %d: %v", i+1, err)
+		}
+	}
+	c, err := dns.Dial("tcp", w.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ask(c); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("connection %d past the bound: %v, want it closed at once", maxTCPConnsPerClient+1, err)
+	}
+	c.Close()
+	held[0].Close()
+	held = held[1:]
+	if !testenv.Poll(2*time.Second, func() bool {
+		c, err := dns.Dial("tcp", w.addr)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		return ask(c) == nil
+	}) {
+		t.Error("no connection taken after one closed")
 	}
 }
