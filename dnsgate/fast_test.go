@@ -255,17 +255,22 @@ func TestFastAnswerAllocations(t *testing.T) {
 	}
 }
 
-// FuzzFastAnswer: whatever the datagram, fastAnswer answers it as
-// ServeDNS would, or declines it without a trace.
+// FuzzFastAnswer: whatever the datagram, from a client a member is named
+// behind or not, with unknown names asked about or denied, fastAnswer
+// answers it as ServeDNS would, or declines it without a trace.
 func FuzzFastAnswer(f *testing.F) {
-	for _, tc := range fastCases() {
-		f.Add(tc.b)
+	for i, tc := range fastCases() {
+		f.Add(tc.b, i%2 == 0, i%3 != 0)
 	}
-	p := newFastPair(f, policy.ActionAsk)
-	f.Fuzz(func(t *testing.T, b []byte) {
+	pairs := map[bool]*fastPair{false: newFastPair(f, policy.ActionAsk), true: newFastPair(f, policy.ActionDeny)}
+	f.Fuzz(func(t *testing.T, b []byte, deny, named bool) {
 		if len(b) >= 2 {
 			binary.BigEndian.PutUint16(b, 4242)
 		}
-		p.check(t, "127.0.0.2:5353", b)
+		client := "127.0.0.3:5353"
+		if named {
+			client = "127.0.0.2:5353"
+		}
+		pairs[deny].check(t, client, b)
 	})
 }

@@ -90,6 +90,13 @@ type Config struct {
 	TTL uint32
 	// UpstreamTimeout bounds one forwarded query; 0 means 5 s.
 	UpstreamTimeout time.Duration
+	// MaxForwarded is the most queries the gate forwards upstream at once,
+	// over UDP and TCP together; another one is answered SERVFAIL at once.
+	// Each holds a socket and a goroutine for up to UpstreamTimeout, so
+	// without a bound a member's flood of queries for an allowed name
+	// would take airlockd's descriptors from every sandbox. 0 means
+	// DefaultMaxForwarded.
+	MaxForwarded int
 	// Internal is the IPv4 address policy.InternalName (airlock.internal)
 	// answers with: the gateway, where the proxy serves the member API.
 	// Zero means Listen's address; when that is unspecified too, the name
@@ -97,14 +104,18 @@ type Config struct {
 	Internal netip.Addr
 }
 
+// DefaultMaxForwarded is a gate's MaxForwarded when its config names none.
+const DefaultMaxForwarded = 256
+
 // DefaultTTL is the TTL, in seconds, of fake-IP answers: short, so that a
 // name's answer follows policy and pool changes quickly.
 const DefaultTTL = 5
 
 // Gate is a sandbox's DNS server.
 type Gate struct {
-	cfg Config
-	log *slog.Logger
+	cfg       Config
+	log       *slog.Logger
+	forwarded chan struct{} // a slot for each query being forwarded, MaxForwarded in all
 
 	mu      sync.Mutex // guards servers, udp, closed and addr
 	servers []*dns.Server
@@ -130,6 +141,12 @@ func New(cfg Config) (*Gate, error) {
 	if cfg.UpstreamTimeout == 0 {
 		cfg.UpstreamTimeout = 5 * time.Second
 	}
+	if cfg.MaxForwarded == 0 {
+		cfg.MaxForwarded = DefaultMaxForwarded
+	}
+	if cfg.MaxForwarded < 0 {
+		return nil, errors.New("dnsgate: MaxForwarded is negative")
+	}
 	if !cfg.Internal.IsValid() && !cfg.Listen.Addr().IsUnspecified() {
 		cfg.Internal = cfg.Listen.Addr()
 	}
@@ -140,7 +157,8 @@ func New(cfg Config) (*Gate, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Gate{cfg: cfg, log: log.With("component", "dnsgate", "sandbox", cfg.Sandbox)}, nil
+	return &Gate{cfg: cfg, log: log.With("component", "dnsgate", "sandbox", cfg.Sandbox),
+		forwarded: make(chan struct{}, cfg.MaxForwarded)}, nil
 }
 
 // Start binds UDP and TCP on the listen address and serves until Close. A
@@ -166,7 +184,7 @@ func (g *Gate) Start() error {
 	}
 	addr := pcs[0].LocalAddr().String()
 	g.addr = pcs[0].LocalAddr().(*net.UDPAddr).AddrPort()
-	tcp := &dns.Server{Listener: ln, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+	tcp := &dns.Server{Listener: &tcpLimit{Listener: ln, log: g.log}, Handler: g, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
 	g.servers = []*dns.Server{tcp}
 	if miekg {
 		g.servers = append(g.servers, &dns.Server{PacketConn: pcs[0], Handler: g, UDPSize: udpReadSize})
@@ -357,6 +375,14 @@ func (g *Gate) forward(req, resp *dns.Msg, name string, ev *Event) *dns.Msg {
 		ev.Verdict, ev.Reason = VerdictTripped, trip.Reason
 		return refuse(req, resp, "exfiltration guard: "+trip.Reason)
 	}
+	select {
+	case g.forwarded <- struct{}{}:
+		defer func() { <-g.forwarded }()
+	default:
+		ev.Verdict, ev.Reason = VerdictError, fmt.Sprintf("%d queries of the sandbox are being forwarded already", cap(g.forwarded))
+		resp.Rcode = dns.RcodeServerFailure
+		return resp
+	}
 	q := req.Question[0]
 	up := new(dns.Msg)
 	up.SetQuestion(dns.Fqdn(name), q.Qtype)
@@ -493,6 +519,76 @@ func (g *Gate) emit(ev Event) {
 	if g.cfg.OnEvent != nil {
 		g.cfg.OnEvent(ev)
 	}
+}
+
+// Bounds of a gate's DNS-over-TCP connections, each a descriptor and a
+// goroutine of airlockd's that a member keeps as long as it asks on it
+// (invariant 17).
+const (
+	maxTCPConns          = 512 // a gate's at once
+	maxTCPConnsPerClient = 16  // one client address's at once
+)
+
+// tcpLimit is the gate's TCP listener: a connection past maxTCPConns, or
+// past maxTCPConnsPerClient from its address, is closed at accept.
+type tcpLimit struct {
+	net.Listener
+	log *slog.Logger
+
+	mu    sync.Mutex // guards the following fields
+	total int
+	per   map[netip.Addr]int
+}
+
+func (l *tcpLimit) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		var addr netip.Addr
+		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			addr = a.AddrPort().Addr().Unmap()
+		}
+		l.mu.Lock()
+		ok := l.total < maxTCPConns && l.per[addr] < maxTCPConnsPerClient
+		if ok {
+			if l.per == nil {
+				l.per = map[netip.Addr]int{}
+			}
+			l.total++
+			l.per[addr]++
+		}
+		l.mu.Unlock()
+		if ok {
+			return &limitedConn{Conn: c, l: l, addr: addr}, nil
+		}
+		l.log.Debug("dns over tcp: connection closed at the limit", "addr", addr.String())
+		c.Close()
+	}
+}
+
+func (l *tcpLimit) release(addr netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if l.per[addr]--; l.per[addr] <= 0 {
+		delete(l.per, addr)
+	}
+}
+
+// limitedConn gives its place back to its tcpLimit when closed.
+type limitedConn struct {
+	net.Conn
+	l    *tcpLimit
+	addr netip.Addr
+	once sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.l.release(c.addr) })
+	return err
 }
 
 // listenError explains a failed bind in words a user can act on.

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -534,5 +536,147 @@ func TestGateInternalName(t *testing.T) {
 	}
 	if internal != 5 {
 		t.Errorf("%d events with verdict internal, want 5: %+v", internal, w.Events())
+	}
+}
+
+// heldUpstream answers nothing until released (or its context ends), and
+// counts the queries it holds.
+type heldUpstream struct {
+	release chan struct{}
+	mu      sync.Mutex
+	held    int
+}
+
+func (u *heldUpstream) Held() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.held
+}
+
+func (u *heldUpstream) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
+	u.mu.Lock()
+	u.held++
+	u.mu.Unlock()
+	defer func() { u.mu.Lock(); u.held--; u.mu.Unlock() }()
+	select {
+	case <-u.release:
+		r := new(dns.Msg)
+		r.SetReply(m)
+		return r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// TestGateBoundsForwarded: however many queries for an allowed name a
+// member sends while the upstream is slow, the gate forwards at most
+// MaxForwarded at once (each holds a socket) and answers the others
+// SERVFAIL at once; once the upstream answers, forwarding goes on.
+func TestGateBoundsForwarded(t *testing.T) {
+	up := &heldUpstream{release: make(chan struct{})}
+	w := newWorldWith(t, GuardConfig{}, func(c *Config) {
+		c.Upstream, c.MaxForwarded, c.UpstreamTimeout = up, 4, 10*time.Second
+	}, "allowed.test")
+	for _, netw := range []string{"udp", "tcp"} {
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				m := new(dns.Msg)
+				m.SetQuestion("allowed.test.", dns.TypeTXT)
+				c := &dns.Client{Net: netw, Timeout: 8 * time.Second}
+				if r, _, err := c.Exchange(m, w.addr); err != nil || r.Rcode != dns.RcodeSuccess {
+					t.Errorf("a query forwarded over %s: %v %v", netw, r, err)
+				}
+			})
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for up.Held() < 4 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n := up.Held(); n != 4 {
+			t.Fatalf("upstream holds %d queries, want 4", n)
+		}
+		start := time.Now()
+		for _, n := range []string{"udp", "tcp"} {
+			if r := w.query(t, n, "allowed.test.", dns.TypeMX); r.Rcode != dns.RcodeServerFailure {
+				t.Errorf("a fifth query over %s: rcode %s, want SERVFAIL", n, dns.RcodeToString[r.Rcode])
+			}
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("the queries past the bound took %v to answer", d)
+		}
+		if n := up.Held(); n != 4 {
+			t.Errorf("upstream holds %d queries, want 4", n)
+		}
+		for range 4 {
+			up.release <- struct{}{}
+		}
+		wg.Wait()
+	}
+	var refused int
+	for _, e := range w.Events() {
+		if e.Verdict == VerdictError && strings.Contains(e.Reason, "being forwarded already") {
+			refused++
+		}
+	}
+	if refused != 4 {
+		t.Errorf("%d events say the bound was reached, want 4", refused)
+	}
+}
+
+// TestGateBoundsTCPConnections: a client holds at most
+// maxTCPConnsPerClient DNS connections open at once; one more is closed
+// at once, unanswered, and the gate takes new ones again as it closes
+// the ones it holds.
+func TestGateBoundsTCPConnections(t *testing.T) {
+	w := newWorld(t, GuardConfig{}, "allowed.test")
+	ask := func(c *dns.Conn) error {
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		m := new(dns.Msg)
+		m.SetQuestion("allowed.test.", dns.TypeA)
+		if err := c.WriteMsg(m); err != nil {
+			return err
+		}
+		r, err := c.ReadMsg()
+		if err == nil && r.Rcode != dns.RcodeSuccess {
+			err = fmt.Errorf("rcode %s", dns.RcodeToString[r.Rcode])
+		}
+		return err
+	}
+	var held []*dns.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := range maxTCPConnsPerClient {
+		c, err := dns.Dial("tcp", w.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		if err := ask(c); err != nil {
+			t.Fatalf("connection %d: %v", i+1, err)
+		}
+	}
+	c, err := dns.Dial("tcp", w.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ask(c); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("connection %d past the bound: %v, want it closed at once", maxTCPConnsPerClient+1, err)
+	}
+	c.Close()
+	held[0].Close()
+	held = held[1:]
+	if !testenv.Poll(2*time.Second, func() bool {
+		c, err := dns.Dial("tcp", w.addr)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		return ask(c) == nil
+	}) {
+		t.Error("no connection taken after one closed")
 	}
 }

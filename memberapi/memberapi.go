@@ -13,6 +13,7 @@ package memberapi
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,10 @@ type Member struct {
 	// ID is a Docker container's ID; "" means a member whose limits
 	// airlock cannot change (resources requests are refused).
 	ID string
+	// Lease names a run member (airlock run, a session without Docker) by
+	// its lease, which another member that later takes its name or
+	// address does not have; "" for others.
+	Lease string
 }
 
 // Config configures a Handler. Zero values take the defaults named.
@@ -260,7 +265,7 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, m Member) {
 		h.refuse(w, m, http.StatusBadRequest, err.Error(), `{"kind": "port", "port": 8080, "reason": "…"}, {"kind": "resources", "memory_mb": 2048, "cpus": 2, "reason": "…"} or {"kind": "network", "url": "https://api.example.com/", "reason": "…"}`)
 		return
 	}
-	req.Source, req.MemberID = m.Name, m.ID
+	req.Source, req.MemberID = m.Name, cmp.Or(m.ID, m.Lease)
 	if req.Kind == policy.AskResources && m.ID == "" {
 		h.refused(w, m, req.Kind, "the limits of this member cannot be changed: only Docker members' can")
 		return

@@ -91,8 +91,10 @@ type AskRequest struct {
 	// Requested says a member asked through the member API (Broker.Request)
 	// rather than traffic being held.
 	Requested bool
-	// MemberID names the member to a grant: a Docker container's ID, ""
-	// for a member that has none.
+	// MemberID names the member to a grant, so that a grant reaches the
+	// member that asked and no later one under its name: a Docker
+	// container's ID, a run member's lease, "" for a member that has
+	// neither.
 	MemberID string
 	// Reason is the member's own words, through CleanReason.
 	Reason string

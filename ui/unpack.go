@@ -17,13 +17,16 @@ import (
 // when it is a directory, or as dest when it does not exist yet (the
 // archive's top entry takes dest's name). What a member named is never
 // trusted: every entry must be a plain relative name under the archive's
-// one top entry (no "..", not absolute); only directories, regular files
-// and links are written, without set-id bits; a symbolic link must lead,
-// from where it stands, to a place under the top entry, and a hard link
-// name an entry there. Any other entry fails the whole unpacking at that
-// entry. Writes go through an os.Root at dest (or its parent), so nothing
-// lands outside it whatever links are on the disk already; a link where a
-// file or link is to be written is replaced, not followed.
+// one top entry (no "..", not absolute), and the directories on its way
+// there must be directories, not symbolic links; only directories, regular
+// files and links are written, without set-id bits; a symbolic link must
+// lead, from where it stands, to a place under the top entry, whatever
+// other links the archive holds (its ".." segments, if any, come first),
+// and a hard link name a regular file there. Any other entry fails the
+// whole unpacking at that entry. Writes go through an os.Root at dest (or
+// its parent), so nothing lands outside it whatever links are on the disk
+// already; a link where a file, directory or link is to be written is
+// replaced, not followed.
 func UnpackArchive(r io.Reader, dest string) (entries int, err error) {
 	rootDir, rename := dest, ""
 	fi, err := os.Stat(dest)
@@ -56,7 +59,14 @@ func UnpackArchive(r io.Reader, dest string) (entries int, err error) {
 			return "", fmt.Errorf("archive entry %q is not under %q, the archive's top entry", raw, top)
 		}
 		if rename != "" {
-			return path.Join(rename, rest), nil
+			name = path.Join(rename, rest)
+		}
+		// A link on the way would take the entry elsewhere than its name
+		// says: a link each of whose targets looks inside the top entry
+		// can lead out of it through another (a link to "." and one to
+		// "s/..", say), and a file written through it lands there.
+		if err := plainParents(root, name); err != nil {
+			return "", fmt.Errorf("archive entry %q: %w", raw, err)
 		}
 		return name, nil
 	}
@@ -107,6 +117,9 @@ func unpackEntry(root *os.Root, tr *tar.Reader, h *tar.Header, name string, plac
 	perm := fs.FileMode(h.Mode) & 0o777
 	switch h.Typeflag {
 	case tar.TypeDir:
+		if err := clearLink(root, name); err != nil {
+			return err
+		}
 		if err := root.MkdirAll(name, perm|0o700); err != nil {
 			return err
 		}
@@ -135,9 +148,24 @@ func unpackEntry(root *os.Root, tr *tar.Reader, h *tar.Header, name string, plac
 		if target == "" || strings.ContainsRune(target, 0) || path.IsAbs(target) {
 			return fmt.Errorf("symbolic link to %q: only relative links are unpacked", target)
 		}
+		// The kernel follows each link on a target's way before it takes
+		// the ".." after it, so only ".." segments that come first move
+		// up as they read: from the link's own directory, whose way is
+		// plain (plainParents), to a place under the top entry; what
+		// follows goes down from there, through links that each lead
+		// under the top entry too.
 		top, _, _ := strings.Cut(name, "/")
 		if to := path.Join(path.Dir(name), target); to != top && !strings.HasPrefix(to, top+"/") {
 			return fmt.Errorf("symbolic link to %q leads out of %s", target, top)
+		}
+		down := false
+		for _, seg := range strings.Split(target, "/") {
+			switch {
+			case seg == ".." && down:
+				return fmt.Errorf("symbolic link to %q leads out of %s: a .. after a name may go up from wherever that name leads", target, top)
+			case seg != ".." && seg != "." && seg != "":
+				down = true
+			}
 		}
 		if err := clearLink(root, name); err != nil {
 			return err
@@ -148,12 +176,39 @@ func unpackEntry(root *os.Root, tr *tar.Reader, h *tar.Header, name string, plac
 		if err != nil {
 			return fmt.Errorf("hard link: %w", err)
 		}
+		// A hard link to a symbolic link is a symbolic link elsewhere,
+		// whose target reads from its new place.
+		if fi, err := root.Lstat(old); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("hard link to %q: only regular files of the archive are linked", h.Linkname)
+		}
 		if err := clearLink(root, name); err != nil {
 			return err
 		}
 		return root.Link(old, name)
 	}
 	return fmt.Errorf("entries of type %q (devices, pipes) are not unpacked", h.Typeflag)
+}
+
+// plainParents checks that every directory on name's way under root is a
+// directory, not a symbolic link, or not there yet.
+func plainParents(root *os.Root, name string) error {
+	for i := range len(name) {
+		if name[i] != '/' {
+			continue
+		}
+		fi, err := root.Lstat(name[:i])
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil
+		case err != nil:
+			return err
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return fmt.Errorf("%s is a symbolic link: nothing is unpacked through one", name[:i])
+		case !fi.IsDir():
+			return fmt.Errorf("%s is not a directory", name[:i])
+		}
+	}
+	return nil
 }
 
 // clearLink removes a symbolic link at name, so that what is written there

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"os/signal"
@@ -588,7 +587,10 @@ func cmdHAR(ctx context.Context, c *ui.Client, cm *common, a []string) error {
 	if err := c.Do(ctx, "GET", sbPath(a[0], "/requests.har?limit=100000"), nil, &har); err != nil {
 		return err
 	}
-	var w io.Writer = os.Stdout
+	// A member's URLs and texts are in it: escaped as the JSON of --json
+	// is (the same JSON), for a terminal and for a viewer of the file.
+	har = visible.JSON(har)
+	w := jsonOut
 	if flagOut != "" {
 		f, err := os.OpenFile(flagOut, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 		if err != nil {

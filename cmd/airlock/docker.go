@@ -3,6 +3,7 @@ package main
 import (
 	"compress/gzip"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -30,7 +31,7 @@ const dockerUsage = `usage:
   airlock docker rm SANDBOX CONTAINER        stop and remove a container of the sandbox
   airlock docker cp SANDBOX CONTAINER:/workspace/PATH DEST
       copy a file or directory from under a member's /workspace to DEST (into
-      it when it is a directory, else as DEST); - writes the tar.gz to stdout.
+      it when it is a directory, else as DEST); - writes the tar.gz to stdout (not a terminal).
       Entries that would land or link outside DEST, and devices, are refused
   airlock docker logs [-f] [--tail N] SANDBOX CONTAINER
       a member's output (-f: follow it until the member ends); a member's
@@ -164,6 +165,11 @@ func dockerCp(ctx context.Context, c *ui.Client, sandbox, src, dest string) (int
 	if err := ui.CheckWorkspacePath(p); err != nil {
 		return 2, err
 	}
+	if dest == "-" && isTerminal(rawOut) {
+		// The member's bytes, raw (gzip stores what it cannot compress
+		// as it is): a terminal would act on the escapes among them.
+		return 2, errors.New("the archive is binary and the output is a terminal: write it to a file or a pipe (… - > out.tar.gz), or name a directory")
+	}
 	resp, err := c.Open(ctx, sbPath(sandbox, "/containers/"+url.PathEscape(id)+"/archive?path="+url.QueryEscape(p)))
 	if err != nil {
 		return 1, err
@@ -171,7 +177,7 @@ func dockerCp(ctx context.Context, c *ui.Client, sandbox, src, dest string) (int
 	defer resp.Body.Close()
 	if dest == "-" {
 		// The archive itself, for a file or a pipe: bytes, not text.
-		if _, err := io.Copy(os.Stdout, resp.Body); err != nil {
+		if _, err := io.Copy(rawOut, resp.Body); err != nil {
 			return 1, fmt.Errorf("the archive was cut short: %w", err)
 		}
 		return 0, nil

@@ -4,6 +4,8 @@ import (
 	"io"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/airlockhq/airlock/internal/visible"
 )
 
@@ -20,7 +22,20 @@ var (
 	stderr io.Writer = terminalWriter{os.Stderr}
 	// jsonOut takes --json output, which visible.JSON has made safe.
 	jsonOut io.Writer = os.Stdout
+	// rawOut takes bytes that are no text (an archive), never for a
+	// terminal (isTerminal).
+	rawOut io.Writer = os.Stdout
 )
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
 
 type terminalWriter struct{ w io.Writer }
 

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,7 +13,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/airlockhq/airlock/internal/visible"
 )
@@ -206,5 +211,118 @@ func TestApproveByKind(t *testing.T) {
 				t.Errorf("exit %d, posted %v: %s; want %s", code, posted, out, tt.post)
 			}
 		})
+	}
+}
+
+// openPTY returns the terminal end of a new pseudo-terminal, and its
+// other end, which reads what is written to it.
+func openPTY(t *testing.T) (tty, ptm *os.File) {
+	t.Helper()
+	// Not blocking, so that reads of it take a deadline.
+	fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	ptm = os.NewFile(uintptr(fd), "/dev/ptmx")
+	t.Cleanup(func() { ptm.Close() })
+	if err := unix.IoctlSetPointerInt(int(ptm.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(ptm.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tty, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tty.Close() })
+	return tty, ptm
+}
+
+// TestDockerCpToATerminal: `airlock docker cp … -` writes the archive's
+// raw bytes, the member's among them, to a file or a pipe, but refuses a
+// terminal, which would act on the escapes they hold.
+func TestDockerCpToATerminal(t *testing.T) {
+	// Incompressible bytes are stored by gzip as they are.
+	payload := []byte("\x1b]52;c;ZXZpbA==\a\x1b[2J")
+	var gz bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&gz, gzip.NoCompression)
+	zw.Write(payload)
+	zw.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/gzip")
+		w.Write(gz.Bytes())
+	}))
+	defer srv.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("t"), 0o600)
+	tty, ptm := openPTY(t)
+	pipeR, pipeW, _ := os.Pipe()
+	defer pipeR.Close()
+	for _, tc := range []struct {
+		name string
+		out  *os.File
+		code int
+	}{
+		{"a terminal", tty, 2},
+		{"a pipe", pipeW, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var msgs bytes.Buffer
+			rawOut, stdout, stderr = tc.out, terminalWriter{&msgs}, terminalWriter{&msgs}
+			defer func() { rawOut, stdout, stderr = os.Stdout, terminalWriter{os.Stdout}, terminalWriter{os.Stderr} }()
+			code := run([]string{"docker", "cp", "--api", srv.URL, "--token-file", token, "default", "abc:/workspace/dist", "-"})
+			if code != tc.code {
+				t.Errorf("exit %d, want %d: %s", code, tc.code, msgs.String())
+			}
+			if said := strings.Contains(msgs.String(), "output is a terminal"); said != (tc.code == 2) {
+				t.Errorf("said %q", msgs.String())
+			}
+		})
+	}
+	pipeW.Close()
+	if b, _ := io.ReadAll(pipeR); !bytes.Equal(b, gz.Bytes()) {
+		t.Errorf("the pipe got %q, want the archive", b)
+	}
+	if err := ptm.SetReadDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(ptm); bytes.Contains(b, []byte("\x1b")) {
+		t.Errorf("the terminal got %q", b)
+	}
+}
+
+// TestHARIsEscaped: `airlock har` prints the API's HAR with a member's
+// bidi controls and separators escaped, as --json prints, and the same
+// JSON.
+func TestHARIsEscaped(t *testing.T) {
+	har := map[string]any{"log": map[string]any{"entries": []map[string]any{{"request": map[string]any{"url": hostile}}}}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(har)
+	}))
+	defer srv.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("t"), 0o600)
+	var out bytes.Buffer
+	jsonOut = &out
+	defer func() { jsonOut = os.Stdout }()
+	if code := run([]string{"har", "default", "--api", srv.URL, "--token-file", token}); code != 0 {
+		t.Fatalf("exit %d: %s", code, out.String())
+	}
+	for i, r := range out.String() {
+		if r != '\n' && r != '\t' && visible.Unsafe(r) || r == utf8.RuneError {
+			t.Fatalf("raw %U at %d in:\n%q", r, i, out.String())
+		}
+	}
+	var got map[string]any
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := json.Marshal(har)
+	back, _ := json.Marshal(got)
+	if string(back) != string(want) {
+		t.Errorf("the HAR changed:\n%s\nwant\n%s", back, want)
 	}
 }

@@ -108,6 +108,11 @@ func (d *Daemon) ExposePort(name string, req ui.ExposeRequest) (ui.Exposure, err
 	if err != nil {
 		return ui.Exposure{}, err
 	}
+	return d.exposeMember(s, m, req)
+}
+
+// exposeMember forwards a host port to port req.Port of member m of s.
+func (d *Daemon) exposeMember(s *sandbox, m exposedMember, req ui.ExposeRequest) (ui.Exposure, error) {
 	// The config refuses a sandbox's subnet; one made later through the
 	// API may still hold the address.
 	listen := d.cfg.ExposeListen
@@ -351,6 +356,24 @@ func (d *Daemon) liveMembers(s *sandbox) []exposedMember {
 	}
 	slices.SortFunc(out, func(a, b exposedMember) int { return cmp.Or(cmp.Compare(a.name, b.name), a.addr.Compare(b.addr)) })
 	return out
+}
+
+// memberWithID returns the live member of s that id names (memberID):
+// the Docker container, or the run member's lease, that asked.
+func (d *Daemon) memberWithID(s *sandbox, id string) (exposedMember, bool) {
+	for _, m := range d.liveMembers(s) {
+		if m.container != "" && m.container == id || m.container == "" && leaseID(m.lease) == id {
+			return m, true
+		}
+	}
+	return exposedMember{}, false
+}
+
+// leaseID names a run member by its lease: its address, process and the
+// time it took the lease. A member that later takes the address or the
+// name has another.
+func leaseID(h netns.LeaseHolder) string {
+	return fmt.Sprintf("lease %s pid %d taken %d", h.Addr, h.PID, h.Taken.UnixNano())
 }
 
 // Members lists a sandbox's live members. It implements ui.Exposer.

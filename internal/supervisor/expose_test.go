@@ -342,3 +342,42 @@ func TestSandboxStopEndsExposures(t *testing.T) {
 		t.Errorf("expose while stopping: %+v", me)
 	}
 }
+
+// TestPortRequestForTheMemberThatAsked: an approved port request of a run
+// member exposes that member, found by its lease, even while another
+// shares its name, and nobody once it has ended, though another member
+// has its name by then.
+func TestPortRequestForTheMemberThatAsked(t *testing.T) {
+	d, s := exposeWorld(t)
+	a := attribution{d: d, sandbox: "sb", gateway: s.net.Gateway, leases: d.cfg.LeaseDir("sb"), dockers: s.net.DockerRange()}
+	first, release := member(t, d, s, "web")
+	asked := a.identify(first)
+	if asked.Name != "web" || asked.Lease == "" || asked.ID != "" {
+		t.Fatalf("identify(%s) = %+v, want web by its lease", first, asked)
+	}
+	if got := a.identify(s.net.Gateway); got.Lease != "" {
+		t.Errorf("identify(gateway) = %+v", got)
+	}
+	release()
+	member(t, d, s, "web") // the name again, another member
+	if _, err := d.exposer()("sb", "web", asked.Lease, 8080); err == nil || !strings.Contains(err.Error(), "has ended") {
+		t.Errorf("exposer for the member that ended = %v, want an error that it has ended", err)
+	}
+	if x := d.Exposures("sb"); len(x) != 0 {
+		t.Errorf("exposures open: %+v", x)
+	}
+
+	third, _ := member(t, d, s, "web")
+	asked = a.identify(third)
+	host, err := d.exposer()("sb", "web", asked.Lease, 8080)
+	if err != nil {
+		t.Fatalf("exposer for a live member sharing its name: %v", err)
+	}
+	x := d.Exposures("sb")
+	if len(x) != 1 || x[0].Addr != third.String() || x[0].HostAddr != host || x[0].Port != 8080 {
+		t.Errorf("exposures %+v, want one of %s:8080 at %s", x, third, host)
+	}
+	for _, e := range x {
+		d.CloseExposure("sb", e.ID)
+	}
+}

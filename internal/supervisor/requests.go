@@ -14,6 +14,7 @@ import (
 	"github.com/airlockhq/airlock/memberapi"
 	"github.com/airlockhq/airlock/netns"
 	"github.com/airlockhq/airlock/policy"
+	"github.com/airlockhq/airlock/ui"
 )
 
 // Members' requests through the member API (design §5.10): who asks, and
@@ -21,10 +22,10 @@ import (
 
 // Exposer makes a member's port reachable from the host and returns the
 // host address it listens on ("127.0.0.1:40123"); member is the member's
-// name as approvals show it, and container, when not "", the Docker
-// container that asked: the exposure is for that one, not a later member
-// under its name.
-type Exposer func(sandbox, member, container string, port uint16) (addr string, err error)
+// name as approvals show it, and memberID, when not "", names the member
+// that asked (memberapi.Member's ID or Lease): the exposure is for that
+// one, not a later member under its name or at its address.
+type Exposer func(sandbox, member, memberID string, port uint16) (addr string, err error)
 
 // exposer returns what carries out allowed port requests: Expose, unless
 // a test set another.
@@ -32,22 +33,20 @@ func (d *Daemon) exposer() Exposer {
 	if d.expose != nil {
 		return d.expose
 	}
-	return func(sandbox, member, container string, port uint16) (string, error) {
-		if container != "" {
-			s := d.sandboxNamed(sandbox)
-			if s == nil {
-				return "", fmt.Errorf("no sandbox %q", sandbox)
-			}
-			m, err := d.findMember(s, member)
-			if err != nil {
-				return "", err
-			}
-			if m.container != container {
-				return "", fmt.Errorf("the container that asked (%.12s) is no longer member %q", container, member)
-			}
-			member = m.addr.String()
+	return func(sandbox, member, memberID string, port uint16) (string, error) {
+		if memberID == "" {
+			x, err := d.Expose(sandbox, member, port)
+			return x.HostAddr, err
 		}
-		x, err := d.Expose(sandbox, member, port)
+		s := d.sandboxNamed(sandbox)
+		if s == nil {
+			return "", fmt.Errorf("no sandbox %q", sandbox)
+		}
+		m, ok := d.memberWithID(s, memberID)
+		if !ok || m.name != member {
+			return "", fmt.Errorf("member %q that asked has ended (another may have its name or address now): it may ask again", member)
+		}
+		x, err := d.exposeMember(s, m, ui.ExposeRequest{Member: member, Port: int(port)})
 		return x.HostAddr, err
 	}
 }
@@ -64,11 +63,16 @@ func hostResources() policy.HostResources {
 }
 
 // identify names the member behind a source address for the member API:
-// its name, and a Docker member's container ID.
+// its name, and a Docker member's container ID or a run member's lease.
 func (a attribution) identify(addr netip.Addr) memberapi.Member {
 	if a.d != nil && a.d.docker != nil && a.dockers.Contains(addr) {
 		if m, ok := a.d.docker.Member(addr); ok && m.Sandbox == a.sandbox {
 			return memberapi.Member{Name: m.Source, ID: m.ID}
+		}
+	}
+	if addr != a.gateway && !a.dockers.Contains(addr) {
+		if h, ok := netns.LeaseHolderOf(a.leases, addr); ok {
+			return memberapi.Member{Name: h.Source, Lease: leaseID(h)}
 		}
 	}
 	return memberapi.Member{Name: a.member(addr)}
