@@ -43,6 +43,36 @@ func setBrNetfilter(t *testing.T, w *testworld.World, v string) {
 	}
 }
 
+// onAndOffBrNetfilter runs check with the host namespace's br_netfilter on,
+// as Docker leaves it, then off.
+func onAndOffBrNetfilter(t *testing.T, w *testworld.World, check func(*testing.T)) {
+	t.Helper()
+	switch brNetfilter(t, w) {
+	case "":
+		t.Fatal("br_netfilter is not loaded (Docker loads it; modprobe br_netfilter): the datapath must be shown with it on")
+	case "1":
+	default:
+		setBrNetfilter(t, w, "1")
+	}
+	t.Run("br_netfilter on", check)
+	setBrNetfilter(t, w, "0")
+	t.Run("br_netfilter off", check)
+}
+
+// withSYNCookies has the host namespace's listeners answer every SYN with
+// a SYN cookie (tcp_syncookies=2) until the test ends.
+func withSYNCookies(t *testing.T, w *testworld.World) {
+	t.Helper()
+	old, err := w.HostExec("cat", "/proc/sys/net/ipv4/tcp_syncookies")
+	if err != nil {
+		t.Fatal(old)
+	}
+	if out, err := w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=2"); err != nil {
+		t.Fatalf("sysctl tcp_syncookies=2: %v %s", err, out)
+	}
+	t.Cleanup(func() { w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies="+strings.TrimSpace(old)) })
+}
+
 // conntrackFrom returns the host namespace's conntrack entries whose
 // original source is in p, rendered.
 func conntrackFrom(t *testing.T, w *testworld.World, p netip.Prefix) []string {
@@ -200,16 +230,7 @@ func TestDatapathIsTPROXY(t *testing.T) {
 			t.Errorf("the internet got an answer from the gate at 10.88.0.1:53: %v", r)
 		}
 	})
-	switch brNetfilter(t, w) {
-	case "":
-		t.Fatal("br_netfilter is not loaded (Docker loads it; modprobe br_netfilter): the datapath must be shown with it on")
-	case "1":
-	default:
-		setBrNetfilter(t, w, "1")
-	}
-	t.Run("br_netfilter on", check)
-	setBrNetfilter(t, w, "0")
-	t.Run("br_netfilter off", check)
+	onAndOffBrNetfilter(t, w, check)
 }
 
 // TestDivertedPacketsFindNothingWhenAirlockdDies: with airlockd killed, the
@@ -448,12 +469,7 @@ func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
 			t.Errorf("segments with no socket: %d handed to the proxy's listener, want 12", r1-r0)
 		}
 	}
-	if brNetfilter(t, w) != "1" {
-		setBrNetfilter(t, w, "1")
-	}
-	t.Run("br_netfilter on", check)
-	setBrNetfilter(t, w, "0")
-	t.Run("br_netfilter off", check)
+	onAndOffBrNetfilter(t, w, check)
 	if n := got.Load(); n != 0 {
 		t.Errorf("host sockets accepted %d connections from a member", n)
 	}
@@ -470,26 +486,14 @@ func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
 // Connections must still work, with br_netfilter on and off.
 func TestProxiedConnectionsWorkWithSYNCookies(t *testing.T) {
 	w, cfg, _ := setup(t)
-	old, err := w.HostExec("cat", "/proc/sys/net/ipv4/tcp_syncookies")
-	if err != nil {
-		t.Fatal(old)
-	}
-	if out, err := w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=2"); err != nil {
-		t.Fatalf("sysctl tcp_syncookies=2: %v %s", err, out)
-	}
-	t.Cleanup(func() { w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies="+strings.TrimSpace(old)) })
+	withSYNCookies(t, w)
 	check := func(t *testing.T) {
 		r := w.Run(cfg, sbA, "agent", 30*time.Second, "curl", "-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}", "http://allowed.test/")
 		if r.Stdout != "200" {
 			t.Errorf("curl http://allowed.test/ with SYN cookies: %q %q", r.Stdout, r.Stderr)
 		}
 	}
-	if brNetfilter(t, w) != "1" {
-		setBrNetfilter(t, w, "1")
-	}
-	t.Run("br_netfilter on", check)
-	setBrNetfilter(t, w, "0")
-	t.Run("br_netfilter off", check)
+	onAndOffBrNetfilter(t, w, check)
 }
 
 // TestNoSandboxReachesAnothersListeners: a member's segments after its
@@ -502,14 +506,7 @@ func TestProxiedConnectionsWorkWithSYNCookies(t *testing.T) {
 // from another network may reach a gateway's listeners.
 func TestNoSandboxReachesAnothersListeners(t *testing.T) {
 	w, cfg, d := setup(t)
-	old, err := w.HostExec("cat", "/proc/sys/net/ipv4/tcp_syncookies")
-	if err != nil {
-		t.Fatal(old)
-	}
-	if out, err := w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies=2"); err != nil {
-		t.Fatalf("sysctl tcp_syncookies=2: %v %s", err, out)
-	}
-	t.Cleanup(func() { w.HostExec("sysctl", "-q", "-w", "net.ipv4.tcp_syncookies="+strings.TrimSpace(old)) })
+	withSYNCookies(t, w)
 	check := func(t *testing.T) {
 		// Sandbox B's listeners have sent cookies lately.
 		w.Run(cfg, sbB, "agent", 30*time.Second, "curl", "-sS", "-m", "5", "-o", "/dev/null", "http://"+testworld.WebAddr+"/")
@@ -522,12 +519,7 @@ func TestNoSandboxReachesAnothersListeners(t *testing.T) {
 			t.Errorf("sandbox B's listeners served a member of sandbox A: %s", m)
 		}
 	}
-	if brNetfilter(t, w) != "1" {
-		setBrNetfilter(t, w, "1")
-	}
-	t.Run("br_netfilter on", check)
-	setBrNetfilter(t, w, "0")
-	t.Run("br_netfilter off", check)
+	onAndOffBrNetfilter(t, w, check)
 }
 
 // vlanTagged returns an Ethernet frame with 802.1Q tags of VLAN 0 (priority
@@ -588,10 +580,5 @@ func TestShapedSandboxDivertsEveryTCPFrame(t *testing.T) {
 			t.Errorf("the divert rule dropped or diverted %d of 3 VLAN-tagged segments", n)
 		}
 	}
-	if brNetfilter(t, w) != "1" {
-		setBrNetfilter(t, w, "1")
-	}
-	t.Run("br_netfilter on", check)
-	setBrNetfilter(t, w, "0")
-	t.Run("br_netfilter off", check)
+	onAndOffBrNetfilter(t, w, check)
 }

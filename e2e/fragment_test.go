@@ -176,10 +176,5 @@ func TestNoFragmentChannelBetweenSandboxes(t *testing.T) {
 			}
 		}
 	}
-	if brNetfilter(t, w) != "1" {
-		setBrNetfilter(t, w, "1")
-	}
-	t.Run("br_netfilter on", check)
-	setBrNetfilter(t, w, "0")
-	t.Run("br_netfilter off", check)
+	onAndOffBrNetfilter(t, w, check)
 }
