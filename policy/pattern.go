@@ -190,15 +190,14 @@ func parse(s string, opts ParseOptions) (Pattern, error) {
 		}
 	}
 	var err error
-	switch {
-	case strings.HasPrefix(s, "regex:"):
-		err = p.parseRegex(s[len("regex:"):], opts)
-	case strings.HasPrefix(s, "cidr:"):
+	if rest, ok := cutKeyword(s, "regex:"); ok {
+		err = p.parseRegex(rest, opts)
+	} else if rest, ok := cutKeyword(s, "cidr:"); ok {
 		if p.method != "" {
 			return Pattern{}, errors.New("a method rule needs a host name, not a cidr")
 		}
-		err = p.parseCIDR(s[len("cidr:"):], opts)
-	default:
+		err = p.parseCIDR(rest, opts)
+	} else {
 		err = p.parseHost(s, opts)
 	}
 	if err != nil {
@@ -206,6 +205,26 @@ func parse(s string, opts ParseOptions) (Pattern, error) {
 	}
 	p.canon = p.canonical()
 	return p, nil
+}
+
+// cutKeyword cuts a kind's keyword ("regex:", "cidr:", ASCII) from the
+// start of s, in any case: "Regex:443" is a regex, never the host "regex"
+// with port 443, whose canonical form "regex:443" would read back as a
+// regex.
+func cutKeyword(s, kw string) (string, bool) {
+	if len(s) < len(kw) {
+		return s, false
+	}
+	for i := range len(kw) {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != kw[i] {
+			return s, false
+		}
+	}
+	return s[len(kw):], true
 }
 
 func (p *Pattern) parseHost(s string, opts ParseOptions) error {

@@ -26,6 +26,10 @@ func TestParseCanonical(t *testing.T) {
 		{name: "wildcard port", in: "*.example.com:8443", want: "*.example.com:8443", kind: KindWildcard},
 		{name: "cidr", in: "cidr:203.0.113.0/24", want: "cidr:203.0.113.0/24", kind: KindCIDR},
 		{name: "cidr port", in: "cidr:203.0.113.7/32:22", want: "cidr:203.0.113.7/32:22", kind: KindCIDR},
+		// A keyword in any case is the keyword, never a host of that name
+		// with a port, whose canonical form would read back as the keyword.
+		{name: "keyword case regex", in: `REGEX:api\.example\.com`, want: `regex:api\.example\.com`, kind: KindRegex},
+		{name: "keyword case cidr", in: "Cidr:203.0.113.0/24", want: "cidr:203.0.113.0/24", kind: KindCIDR},
 		{name: "policy example regex", in: `regex:.*\.internal\.company\.com`, want: `regex:.*\.internal\.company\.com`, kind: KindRegex},
 		{name: "seed path wildcard", in: "*.unknown.com/api/v*", want: "*.unknown.com/api/v*", kind: KindWildcard, needs: true},
 		{name: "mixed case", in: "API.GitHub.COM", want: "api.github.com", kind: KindExact},
@@ -71,6 +75,7 @@ func TestParseErrors(t *testing.T) {
 		broad bool   // the error wraps ErrBroad and Force accepts the pattern
 	}{
 		{name: "star", in: "*", want: "matches every host", broad: true},
+		{name: "host named like a keyword", in: "Cidr:1", want: "needs a prefix length"},
 		{name: "star dot star", in: "*.*", want: "matches every host", broad: true},
 		{name: "public suffix com", in: "*.com", want: "whole public suffix", broad: true},
 		{name: "public suffix co.uk", in: "*.co.uk", want: "whole public suffix", broad: true},
@@ -341,7 +346,7 @@ func FuzzParse(f *testing.F) {
 		"api.github.com", "*.googleapis.com", "api.example.com/v1/*", "*.example.com/*",
 		`regex:.*\.example\.(com|org)`, "GET api.github.com/repos/*", "db.example.com:5432",
 		"*.example.com:8443", "cidr:203.0.113.0/24", "cidr:203.0.113.7/32:22", "*", "*.com",
-		"bücher.example", "regex:a/b", "POST *.x.io:81/a*b",
+		"bücher.example", "regex:a/b", "POST *.x.io:81/a*b", "Cidr:1", "Regex:443",
 	} {
 		f.Add(s, false)
 	}

@@ -404,7 +404,7 @@ function chosenPattern() {
   if (!r) return "";
   if (r.value !== "__custom") return r.value;
   const v = $("custom-pattern").value.trim();
-  return $("custom-regex").checked && !v.startsWith("regex:") ? "regex:" + v : v;
+  return $("custom-regex").checked && !/^regex:/i.test(v) ? "regex:" + v : v;
 }
 
 let testSeq = 0;
