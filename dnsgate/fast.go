@@ -226,7 +226,7 @@ func (g *Gate) fastAnswer(out *udpReplies, st *fastState, b []byte) bool {
 	if ev.Verdict == VerdictDenied || g.cfg.LogAllowed {
 		level = slog.LevelInfo
 	}
-	if g.cfg.OnEvent != nil || g.log.Enabled(context.Background(), level) {
+	if g.cfg.OnEvent != nil || g.cfg.OnEventHeld != nil || g.log.Enabled(context.Background(), level) {
 		ev.Time = time.Now()
 		switch ev.Verdict {
 		case VerdictDenied:
@@ -234,7 +234,7 @@ func (g *Gate) fastAnswer(out *udpReplies, st *fastState, b []byte) bool {
 		case VerdictFake:
 			ev.Reason = ip.String()
 		}
-		g.emit(ev)
+		g.emitHeld(ev, out)
 	}
 	return true
 }

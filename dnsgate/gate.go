@@ -81,6 +81,14 @@ type Config struct {
 	// OnEvent receives every query's event; nil means none. It must not
 	// block.
 	OnEvent func(Event)
+	// OnEventHeld and Commit, when both are set, take the events of the
+	// queries a read of UDP datagrams answers at once (fake-IP and denied
+	// answers) in OnEvent's place: the gate calls Commit after their
+	// events and before it sends their answers, so their records can
+	// share one write (audit.Journal.AddHeld and Commit) and none is lost
+	// for an answer a member got.
+	OnEventHeld func(Event)
+	Commit      func()
 	// Logger receives one line per decision; nil means slog.Default().
 	Logger *slog.Logger
 	// LogAllowed logs answered queries at info; false logs them at debug,
@@ -496,7 +504,20 @@ func (g *Gate) source(addr netip.Addr) string {
 	return addr.String()
 }
 
-func (g *Gate) emit(ev Event) {
+func (g *Gate) emit(ev Event) { g.emitTo(ev, g.cfg.OnEvent) }
+
+// emitHeld emits the event of a query answered in a read of datagrams,
+// held when the config holds events: out commits them before it sends.
+func (g *Gate) emitHeld(ev Event, out *udpReplies) {
+	if g.cfg.OnEventHeld == nil || g.cfg.Commit == nil {
+		g.emit(ev)
+		return
+	}
+	out.commit = g.cfg.Commit
+	g.emitTo(ev, g.cfg.OnEventHeld)
+}
+
+func (g *Gate) emitTo(ev Event, to func(Event)) {
 	level := slog.LevelDebug
 	switch ev.Verdict {
 	case VerdictDenied, VerdictRefused, VerdictTripped, VerdictError:
@@ -516,8 +537,8 @@ func (g *Gate) emit(ev Event) {
 		g.log.Warn("exfiltration guard tripped", "source", ev.Source, "host", ev.Name, "domain", ev.Trip.Domain,
 			"reason", ev.Trip.Reason, "blocked", ev.Trip.Blocked)
 	}
-	if g.cfg.OnEvent != nil {
-		g.cfg.OnEvent(ev)
+	if to != nil {
+		to(ev)
 	}
 }
 

@@ -680,3 +680,32 @@ func TestGateBoundsTCPConnections(t *testing.T) {
 		t.Error("no connection taken after one closed")
 	}
 }
+
+// TestGateCommitsHeldEventsBeforeAnswering: with OnEventHeld and Commit
+// set, the events of fast answers go to OnEventHeld, and every one is
+// committed before its answer reaches the client; the rest (an answer
+// that is not a fast one, over TCP) still go to OnEvent.
+func TestGateCommitsHeldEventsBeforeAnswering(t *testing.T) {
+	var mu sync.Mutex
+	held, committed, events := 0, 0, 0
+	w := newWorldWith(t, GuardConfig{}, func(c *Config) {
+		c.OnEvent = func(Event) { mu.Lock(); events++; mu.Unlock() }
+		c.OnEventHeld = func(Event) { mu.Lock(); held++; mu.Unlock() }
+		c.Commit = func() { mu.Lock(); committed = held; mu.Unlock() }
+	}, "allowed.test", "deny pastebin.com")
+	for i, q := range []string{"allowed.test.", "unknown.test.", "pastebin.com.", "allowed.test."} {
+		w.query(t, "udp", q, dns.TypeA)
+		mu.Lock()
+		if held != i+1 || committed != held {
+			t.Errorf("after the answer to %s: %d events held, %d committed; want %d, all", q, held, committed, i+1)
+		}
+		mu.Unlock()
+	}
+	w.query(t, "tcp", "allowed.test.", dns.TypeA)
+	w.query(t, "udp", "allowed.test.", dns.TypeTXT)
+	mu.Lock()
+	defer mu.Unlock()
+	if events != 2 || held != 4 {
+		t.Errorf("events: %d to OnEvent, %d held; want 2 and 4", events, held)
+	}
+}

@@ -272,6 +272,10 @@ type udpReplies struct {
 	n     int
 	bufs  [udpBatch][udpReplySize]byte // reply i is packed into bufs[i] when it fits
 
+	// commit, when set, writes the records of the queued replies' queries
+	// (Config.Commit): flush calls it, once, before it sends them.
+	commit func()
+
 	// The query being answered.
 	to     *unix.RawSockaddrInet4 // nil outside a query
 	src    netip.Addr             // on a transparent gate, where it was sent
@@ -360,6 +364,10 @@ func (w *udpReplies) queue(b []byte) {
 // refuses is dropped, as a failed sendmsg drops it, and the rest are still
 // sent; the first such error is returned.
 func (w *udpReplies) flush() error {
+	if w.commit != nil {
+		w.commit()
+		w.commit = nil
+	}
 	var first error
 	m := w.batch
 	for m.lo, m.hi = 0, w.n; m.lo < m.hi; {

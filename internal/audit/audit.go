@@ -109,7 +109,8 @@ type Journal struct {
 	// until a write that covers it has returned. Whichever Add finds no
 	// write in flight writes all of buf (without mu held); those that
 	// come meanwhile add to the next buf and wait on wrote (group
-	// commit).
+	// commit). AddHeld leaves its record in buf for the next write, which
+	// Commit forces.
 	buf     []byte
 	spare   []byte     // the buffer last written, reused as the next buf
 	writing bool       // a write is in flight
@@ -179,6 +180,28 @@ func (j *Journal) openCurrent() error {
 // the process dying). A failing disk does not stop the sandbox: the error
 // is returned once, by Flush.
 func (j *Journal) Add(e Entry) Entry {
+	return j.add(e, true)
+}
+
+// AddHeld is Add without the write: the entry is numbered, kept in memory
+// and handed to subscribers at once, and reaches the file with the next
+// write, which Commit forces. A caller answering several requests at once
+// (the DNS gate, a read of queries) holds their records and commits them
+// in one write before it answers, so that a member never sees an answer
+// whose record could still be lost.
+func (j *Journal) AddHeld(e Entry) Entry {
+	return j.add(e, false)
+}
+
+// Commit writes every entry added so far (AddHeld's too): in the kernel
+// when Commit returns.
+func (j *Journal) Commit() {
+	j.mu.Lock()
+	j.commitLocked(j.seq)
+	j.mu.Unlock()
+}
+
+func (j *Journal) add(e Entry, commit bool) Entry {
 	j.mu.Lock()
 	j.seq++
 	e.Seq = j.seq
@@ -188,17 +211,25 @@ func (j *Journal) Add(e Entry) Entry {
 	if j.f != nil {
 		j.buf = appendEntry(j.buf, &e)
 		j.buf = append(j.buf, '\n')
-		for j.written < e.Seq {
-			if j.writing {
-				j.wrote.Wait()
-			} else {
-				j.writeLocked()
-			}
+		if commit {
+			j.commitLocked(e.Seq)
 		}
 	}
 	j.mu.Unlock()
 	j.ring.Add(e)
 	return e
+}
+
+// commitLocked returns once every entry up to seq is written (or the
+// file is closed): it waits for a write in flight or writes itself.
+func (j *Journal) commitLocked(seq uint64) {
+	for j.f != nil && j.written < seq {
+		if j.writing {
+			j.wrote.Wait()
+		} else {
+			j.writeLocked()
+		}
+	}
 }
 
 // maxSpare is the largest buffer kept for reuse after a write.

@@ -286,3 +286,51 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 }
+
+// TestJournalHeldEntriesReachTheFileAtCommit: AddHeld keeps and streams an
+// entry at once but leaves it out of the file until Commit (or the next
+// Add), and a Commit writes everything held in one write.
+func TestJournalHeldEntriesReachTheFileAtCommit(t *testing.T) {
+	dir := t.TempDir()
+	j, err := Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	sub := j.Subscribe(8)
+	defer sub.Close()
+	lines := func() int {
+		b, _ := os.ReadFile(filepath.Join(dir, currentFile))
+		return strings.Count(string(b), "\n")
+	}
+	for i := range 3 {
+		e := j.AddHeld(Entry{Kind: KindDNS, Sandbox: "sb", Host: fmt.Sprintf("q%d.test", i)})
+		if got := <-sub.C(); got.Seq != e.Seq {
+			t.Errorf("subscriber got seq %d, want %d at once", got.Seq, e.Seq)
+		}
+	}
+	if n := lines(); n != 0 {
+		t.Errorf("%d held entries in the file before Commit", n)
+	}
+	if got := j.Query(Filter{}); len(got) != 3 {
+		t.Errorf("memory holds %d entries, want the 3 held", len(got))
+	}
+	writes := j.writes
+	j.Commit()
+	if n := lines(); n != 3 {
+		t.Errorf("%d entries in the file after Commit, want 3", n)
+	}
+	if w := j.writes - writes; w != 1 {
+		t.Errorf("Commit made %d writes, want 1", w)
+	}
+	// An Add writes what was held before it too.
+	j.AddHeld(Entry{Kind: KindDNS, Sandbox: "sb", Host: "held.test"})
+	j.Add(Entry{Kind: KindRequest, Sandbox: "sb", Host: "added.test"})
+	if n := lines(); n != 5 {
+		t.Errorf("%d entries in the file after an Add, want 5", n)
+	}
+	j.Commit() // nothing held: no write
+	if w := j.writes - writes; w != 2 {
+		t.Errorf("%d writes in all, want 2", w)
+	}
+}

@@ -454,11 +454,21 @@ func (d *Daemon) setBandwidth(s *sandbox, mbps int) error {
 // record adds an entry to a sandbox's journal and metrics, naming the
 // agent behind its source.
 func (d *Daemon) record(s *sandbox, e audit.Entry) {
+	d.mets.Observe(s.journal.Add(d.named(s, e)))
+}
+
+// recordHeld is record with the write left for the journal's next Commit.
+func (d *Daemon) recordHeld(s *sandbox, e audit.Entry) {
+	d.mets.Observe(s.journal.AddHeld(d.named(s, e)))
+}
+
+// named fills in an entry's sandbox and the agent behind its source.
+func (d *Daemon) named(s *sandbox, e audit.Entry) audit.Entry {
 	e.Sandbox = s.cfg.Name
 	if e.Source != "" {
 		e.Agent = s.AgentOf(e.Source)
 	}
-	d.mets.Observe(s.journal.Add(e))
+	return e
 }
 
 // startGate starts a sandbox's DNS gate on a fake-IP pool of its own:
@@ -480,6 +490,10 @@ func (d *Daemon) startGate(s *sandbox, guard *dnsgate.Guard, members func(netip.
 		Guard:       guard,
 		Members:     members,
 		OnEvent:     func(e dnsgate.Event) { d.record(s, dnsEntry(e)) },
+		// A read of queries answered at once: one write for their records,
+		// before their answers leave.
+		OnEventHeld: func(e dnsgate.Event) { d.recordHeld(s, dnsEntry(e)) },
+		Commit:      s.journal.Commit,
 		Logger:      d.log,
 		LogAllowed:  d.cfg.LogAllowed,
 	})
