@@ -8,7 +8,8 @@
 #   txt     TXT queries for 1,000,000 distinct allowed names, forwarded to
 #           the same fake upstream by each (no name repeats, so no cache helps).
 # Rule scale: the fake and denied sets against a second gate whose policy
-# holds 100,000 rules.
+# holds 100,000 rules. Each gate records every query in an audit journal,
+# as airlockd does; unbound and dnsmasq log nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -32,7 +33,7 @@ echo "denied.test A" > "$work/denied.txt"
 seq 0 999999 | sed 's/.*/t&.fwd.test TXT/' > "$work/txt.txt"
 
 declare -A pidof # server port → its process
-taskset -c 0 "$work/gatebench" -listen 127.0.0.1:$GATE -upstream $UP > "$work/gate.log" 2>&1 &
+taskset -c 0 "$work/gatebench" -listen 127.0.0.1:$GATE -upstream $UP -journal "$work/journal" > "$work/gate.log" 2>&1 &
 pids+=($!) pidof[$GATE]=$!
 cat > "$work/unbound.conf" <<CONF
 server:
@@ -73,7 +74,7 @@ taskset -c 0 dnsmasq -k --no-resolv --no-hosts --port=$DMQ --listen-address=127.
 pids+=($!) pidof[$DMQ]=$!
 sleep 1.5
 # The 100,000-rule gate starts once the first holds the fake upstream's port.
-taskset -c 0 "$work/gatebench" -listen 127.0.0.1:$BIG -upstream 127.0.0.1:5399 -rules 100000 > "$work/big.log" 2>&1 &
+taskset -c 0 "$work/gatebench" -listen 127.0.0.1:$BIG -upstream 127.0.0.1:5399 -rules 100000 -journal "$work/journal-big" > "$work/big.log" 2>&1 &
 pids+=($!) pidof[$BIG]=$!
 for _ in $(seq 50); do grep -q ready "$work/big.log" && break; sleep 0.2; done
 # Every server must give the same answers before its speed means anything.

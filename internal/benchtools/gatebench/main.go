@@ -2,7 +2,9 @@
 // names under bench.test get fake IPs, denied.test is denied, names under
 // fwd.test are allowed and forwarded to a fake upstream it also runs (TXT
 // records t0..t999.fwd.test). The exfiltration guard's cap is lifted so the
-// forwarded set does not trip it. -rules pads the policy to that many rules. It runs until SIGINT or SIGTERM.
+// forwarded set does not trip it. -rules pads the policy to that many rules;
+// -journal records every query as airlockd does. It runs until SIGINT or
+// SIGTERM.
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 
 	"github.com/airlockhq/airlock/dnsgate"
 	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
+	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -27,6 +30,7 @@ func main() {
 	noGate := flag.Bool("upstream-only", false, "run only the fake upstream")
 	nRules := flag.Int("rules", 10, "rules in the policy: the two the benchmark needs, the rest exact hosts and wildcards that match none of its names")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	journal := flag.String("journal", "", "record every query in an audit journal in this directory, as airlockd does (empty: none)")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -68,7 +72,7 @@ func main() {
 		if err != nil {
 			fail(err)
 		}
-		g, err := dnsgate.New(dnsgate.Config{
+		cfg := dnsgate.Config{
 			Sandbox:  "bench",
 			Listen:   netip.MustParseAddrPort(*listen),
 			Policy:   policy.NewRuleset(policy.ActionAsk, rules),
@@ -76,7 +80,23 @@ func main() {
 			Upstream: u,
 			Guard:    guard,
 			Logger:   slog.New(slog.DiscardHandler),
-		})
+		}
+		if *journal != "" {
+			j, err := audit.Open(audit.Config{Dir: *journal})
+			if err != nil {
+				fail(err)
+			}
+			defer j.Close()
+			// As airlockd records a query (internal/supervisor: dnsEntry,
+			// record, recordHeld).
+			entry := func(e dnsgate.Event) audit.Entry {
+				return audit.Entry{Time: e.Time, Kind: audit.KindDNS, Sandbox: "bench", Source: e.Source, Host: e.Name, DNSType: e.Type, Verdict: e.Verdict, Rule: e.Rule, Reason: e.Reason}
+			}
+			cfg.OnEvent = func(e dnsgate.Event) { j.Add(entry(e)) }
+			cfg.OnEventHeld = func(e dnsgate.Event) { j.AddHeld(entry(e)) }
+			cfg.Commit = j.Commit
+		}
+		g, err := dnsgate.New(cfg)
 		if err != nil {
 			fail(err)
 		}
