@@ -172,7 +172,7 @@ func explainNftError(err error) error {
 	case errors.Is(err, unix.EPERM):
 		return fmt.Errorf("nftables: permission denied; airlockd needs root (CAP_NET_ADMIN): %w", err)
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("nftables: the kernel lacks a feature airlock needs (nf_tables inet and netdev families, tproxy, socket, fib, notrack, reject, dup, counter); check CONFIG_NF_TABLES_INET, CONFIG_NF_TABLES_NETDEV, CONFIG_NFT_TPROXY, CONFIG_NFT_SOCKET, CONFIG_NFT_FIB_INET, CONFIG_NFT_CT, CONFIG_NFT_REJECT and CONFIG_NF_DUP_NETDEV: %w", err)
+		return fmt.Errorf("nftables: the kernel lacks a feature airlock needs (nf_tables inet and netdev families, tproxy, socket, fib, notrack, reject, dup, counter); check CONFIG_NF_TABLES_INET, CONFIG_NF_TABLES_NETDEV, CONFIG_NFT_TPROXY, CONFIG_NFT_SOCKET, CONFIG_NFT_FIB_INET, CONFIG_NFT_FIB_NETDEV, CONFIG_NFT_CT, CONFIG_NFT_REJECT and CONFIG_NF_DUP_NETDEV: %w", err)
 	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EPROTONOSUPPORT):
 		return fmt.Errorf("nftables: operation not supported by this kernel (tproxy in the inet family and reject in prerouting need Linux ≥ 5.x): %w", err)
 	case errors.Is(err, unix.ENODEV):
@@ -419,8 +419,17 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 	// a socket here has been through pre-BRIDGE under br_netfilter, which
 	// gave it to a listener with tproxy: that one must cross the pair
 	// (after the bridge, ip_rcv_core drops the socket).
+	//
+	// A segment to a host address always crosses the pair, where tproxy
+	// keeps the socket it finds. Up the bridge, a socket tproxy found in
+	// pre-BRIDGE under br_netfilter is dropped, and a time-wait or request
+	// socket carries no owner for hasSocket to see: input would then look
+	// the socket up again, and if the connection had just ended (a time-
+	// wait socket a member's reset kills) find the listener bound there,
+	// another sandbox's proxy, which takes a valid SYN cookie.
 	if !d.Shaped {
 		afterSYN := slices.Concat(etherIPv4(), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
+		b.rule(c, afterSYN, daddrLocal(), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 		b.rule(c, afterSYN, hasSocket(), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 		b.rule(c, afterSYN, verdict(expr.VerdictAccept))
 	}
@@ -606,6 +615,14 @@ func daddrNotLocal() []expr.Any {
 	return []expr.Any{
 		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+	}
+}
+
+// daddrLocal matches packets addressed to one of the host's addresses.
+func daddrLocal() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
 	}
 }
 
