@@ -176,11 +176,19 @@ func checkHostHeader(req *http.Request, head []byte, kept bool) (int, string) {
 	if err != nil {
 		return http.StatusBadRequest, "malformed request"
 	}
+	// http.ReadRequest refused more than one.
 	hosts := h["Host"]
-	if req.ProtoAtLeast(1, 1) && len(hosts) == 0 && req.Method != http.MethodConnect {
+	return checkHost(req, h.Get("Host"), len(hosts) > 0)
+}
+
+// checkHost applies http.Server's checks to a request's Host (present
+// says whether it has one): an HTTP/1.1 request other than CONNECT needs
+// one, and it must be well formed.
+func checkHost(req *http.Request, host string, present bool) (int, string) {
+	if req.ProtoAtLeast(1, 1) && !present && req.Method != http.MethodConnect {
 		return http.StatusBadRequest, "missing required Host header"
 	}
-	if len(hosts) == 1 && !httpguts.ValidHostHeader(hosts[0]) {
+	if present && !httpguts.ValidHostHeader(host) {
 		return http.StatusBadRequest, "malformed Host header"
 	}
 	return 0, ""
@@ -196,11 +204,8 @@ func checkRequest(req *http.Request) (int, string) {
 	// The parser has taken Host out of the headers (and refused more
 	// than one): req.Host is the request target's authority, else the
 	// header's.
-	if req.ProtoAtLeast(1, 1) && req.Host == "" && req.Method != http.MethodConnect {
-		return http.StatusBadRequest, "missing required Host header"
-	}
-	if req.Host != "" && !httpguts.ValidHostHeader(req.Host) {
-		return http.StatusBadRequest, "malformed Host header"
+	if code, text := checkHost(req, req.Host, req.Host != ""); code != 0 {
+		return code, text
 	}
 	for k, vv := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
