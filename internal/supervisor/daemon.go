@@ -281,16 +281,15 @@ func (d *Daemon) ensureRulesLocked(sbs []config.Sandbox) error {
 }
 
 // ensureNetwork builds a sandbox's bridge and divert pair, then the
-// netdev rule that diverts the bridge's packets into the pair; its rules
-// in airlock's inet table must be in place.
-func (d *Daemon) ensureNetwork(n netns.Network, shaped bool) error {
+// netdev rule that diverts the bridge's packets into the pair, without a
+// bandwidth cap (setBandwidth reshapes it); its rules in airlock's inet
+// table must be in place.
+func (d *Daemon) ensureNetwork(n netns.Network) error {
 	divert, err := n.Ensure(d.h)
 	if err != nil {
 		return err
 	}
-	d.nftMu.Lock()
-	defer d.nftMu.Unlock()
-	return tproxy.EnsureDivert(d.conn, tproxy.DivertNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, DivertIndex: divert, Shaped: shaped})
+	return d.writeDivert(n, divert, false)
 }
 
 // shapeDivert rewrites a sandbox's divert rule to send every TCP frame
@@ -301,9 +300,15 @@ func (d *Daemon) shapeDivert(n netns.Network, shaped bool) error {
 	if err != nil {
 		return fmt.Errorf("divert pair of %s: %w", n.Bridge, err)
 	}
+	return d.writeDivert(n, link.Attrs().Index, shaped)
+}
+
+// writeDivert writes the netdev rule of n's bridge for its divert end,
+// interface index divert.
+func (d *Daemon) writeDivert(n netns.Network, divert int, shaped bool) error {
 	d.nftMu.Lock()
 	defer d.nftMu.Unlock()
-	return tproxy.EnsureDivert(d.conn, tproxy.DivertNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, DivertIndex: link.Attrs().Index, Shaped: shaped})
+	return tproxy.EnsureDivert(d.conn, tproxy.DivertNet{Bridge: n.Bridge, Subnet: n.Subnet, Gateway: n.Gateway, DivertIndex: divert, Shaped: shaped})
 }
 
 // removeNetwork removes a sandbox bridge's divert rule, then the bridge and
@@ -382,7 +387,7 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 	if s.net, err = netns.NewNetwork(sb.Name, sb.Subnet); err != nil {
 		return err
 	}
-	if err = d.ensureNetwork(s.net, false); err != nil {
+	if err = d.ensureNetwork(s.net); err != nil {
 		return err
 	}
 	if err = seedPolicy(sb); err != nil {
@@ -427,7 +432,9 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 // The upload cap is the divert pair's queue, which carries only SYNs
 // without one: while a cap is set, the divert rule sends every TCP frame
 // through it. The cap goes on before the rule changes and comes off
-// after, so no moment passes with packets outside both.
+// after, so no moment passes with packets outside both. The rule is
+// rewritten only when a cap comes or goes (the last limit put says how it
+// was written: ensureNetwork writes it without).
 func (d *Daemon) setBandwidth(s *sandbox, mbps int) error {
 	s.bandwidthMu.Lock()
 	defer s.bandwidthMu.Unlock()
@@ -437,8 +444,10 @@ func (d *Daemon) setBandwidth(s *sandbox, mbps int) error {
 			return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
 		}
 	}
-	if err := d.shapeDivert(s.net, mbps > 0); err != nil {
-		return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
+	if shaped := mbps > 0; shaped != (old > 0) {
+		if err := d.shapeDivert(s.net, shaped); err != nil {
+			return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
+		}
 	}
 	if mbps == 0 {
 		if err := s.net.SetBandwidth(d.h, 0); err != nil {
