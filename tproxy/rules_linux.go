@@ -295,7 +295,7 @@ func (b *builder) build(cfg RulesConfig) {
 		// Reset, as a segment with no socket is: a member must not tell
 		// the host's ports on every address from closed ones.
 		b.rule(sPre, established, socketWildcard(), counter(), rejectTCPReset())
-		b.rule(sPre, established, daddrNotLocal(), socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
+		b.rule(sPre, established, daddrLocal(expr.CmpOpNeq), socketTransparent(), counter(), notrack(), setMark(cfg.Mark), verdict(expr.VerdictAccept))
 		// A segment without a socket of its own goes where its SYN went:
 		// to the gate's or the proxy's listener, which resets it or, when
 		// it answered the SYN with a SYN cookie, makes the connection
@@ -381,8 +381,9 @@ type DivertNet struct {
 
 // EnsureDivert adds, or replaces, the netdev ingress chain of one bridge
 // in airlock's netdev table: IPv4 TCP SYNs and fragments (every TCP
-// frame when d.Shaped), TCP that chain pre-BRIDGE gave a listener under
-// br_netfilter, and UDP to port 53 that the bridge passes up to
+// frame when d.Shaped), TCP to a host address, TCP that chain pre-BRIDGE
+// gave a listener under br_netfilter, and UDP to port 53 that the bridge
+// passes up to
 // the host, except what goes to another member of the subnet, are written
 // into the divert pair and dropped on the bridge; a connection's other
 // packets go up the bridge to chain pre-BRIDGE, which hands them to their
@@ -429,7 +430,7 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 	// another sandbox's proxy, which takes a valid SYN cookie.
 	if !d.Shaped {
 		afterSYN := slices.Concat(etherIPv4(), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
-		b.rule(c, afterSYN, daddrLocal(), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
+		b.rule(c, afterSYN, daddrLocal(expr.CmpOpEq), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 		b.rule(c, afterSYN, hasSocket(), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 		b.rule(c, afterSYN, verdict(expr.VerdictAccept))
 	}
@@ -609,20 +610,13 @@ func socketWildcard() []expr.Any {
 	}
 }
 
-// daddrNotLocal matches packets whose destination is not an address of
-// this host (fib daddr type != local).
-func daddrNotLocal() []expr.Any {
+// daddrLocal compares whether a packet is addressed to one of this host's
+// addresses (fib daddr type local) with op: CmpOpEq matches those that
+// are, CmpOpNeq those that are not.
+func daddrLocal(op expr.CmpOp) []expr.Any {
 	return []expr.Any{
 		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
-	}
-}
-
-// daddrLocal matches packets addressed to one of the host's addresses.
-func daddrLocal() []expr.Any {
-	return []expr.Any{
-		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+		&expr.Cmp{Op: op, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
 	}
 }
 
