@@ -13,6 +13,7 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/internal/nowait"
 	"github.com/airlockhq/airlock/internal/transparent"
 )
 
@@ -171,7 +172,7 @@ type udpMsgs struct {
 	// a batch allocates nothing: it moves hdrs[lo:hi] and leaves how
 	// many it moved in n, or its error in err.
 	call   func(fd uintptr) bool
-	trap   uintptr // SYS_RECVMMSG or SYS_SENDMMSG
+	send   bool // sendmmsg, else recvmmsg
 	lo, hi int
 	n      int
 	err    error
@@ -180,7 +181,7 @@ type udpMsgs struct {
 // newUDPBatch returns the messages of a batch for recvmmsg or sendmmsg
 // (trap), with room for control messages when tp (a transparent gate).
 func newUDPBatch(trap uintptr, tp bool) *udpMsgs {
-	m := &udpMsgs{trap: trap}
+	m := &udpMsgs{send: trap == unix.SYS_SENDMMSG}
 	for i := range m.hdrs {
 		h := &m.hdrs[i].Hdr
 		h.Name = (*byte)(unsafe.Pointer(&m.names[i]))
@@ -192,24 +193,23 @@ func newUDPBatch(trap uintptr, tp bool) *udpMsgs {
 		}
 	}
 	m.call = func(fd uintptr) bool {
-		for {
-			r, _, e := unix.Syscall6(m.trap, fd, uintptr(unsafe.Pointer(&m.hdrs[m.lo])), uintptr(m.hi-m.lo), 0, 0, 0)
-			switch e {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return false
-			case 0:
-				m.n, m.err = int(r), nil
-			default:
-				name := "recvmmsg"
-				if m.trap == unix.SYS_SENDMMSG {
-					name = "sendmmsg"
-				}
-				m.n, m.err = 0, os.NewSyscallError(name, e)
-			}
-			return true
+		var err error
+		if m.send {
+			m.n, err = nowait.Sendmmsg(fd, m.hdrs[m.lo:m.hi])
+		} else {
+			m.n, err = nowait.Recvmmsg(fd, m.hdrs[m.lo:m.hi])
 		}
+		switch {
+		case err == unix.EAGAIN:
+			return false
+		case err != nil && m.send:
+			m.err = os.NewSyscallError("sendmmsg", err)
+		case err != nil:
+			m.err = os.NewSyscallError("recvmmsg", err)
+		default:
+			m.err = nil
+		}
+		return true
 	}
 	return m
 }

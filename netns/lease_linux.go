@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/nowait"
 )
 
 // A Lease holds one member address of a sandbox for as long as the member
@@ -336,10 +338,10 @@ func (c *LeaseCache) syncLocked() bool {
 		return c.watchLocked()
 	}
 	for {
-		n, err := unix.Read(c.fd, c.events[:])
+		// Made raw (the descriptor is non-blocking): a lookup's read
+		// usually finds nothing, and need not wake the runtime's monitor.
+		n, err := nowait.Read(c.fd, c.events[:])
 		switch {
-		case err == unix.EINTR:
-			continue
 		case err == unix.EAGAIN:
 			return c.wd >= 0
 		case err != nil || n <= 0:

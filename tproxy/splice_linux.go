@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/airlockhq/airlock/internal/nowait"
 	"github.com/airlockhq/airlock/policy"
 	"golang.org/x/sys/unix"
 )
@@ -162,12 +163,8 @@ func newCopier(pp *pipePool) *copier {
 				return true
 			}
 		}
-		for {
-			cp.n, cp.err = unix.Splice(int(fd), nil, cp.p.w, nil, maxSplice, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-			if cp.err != unix.EINTR {
-				break
-			}
-		}
+		n, err := nowait.Splice(int(fd), cp.p.w, maxSplice)
+		cp.n, cp.err = int64(n), err
 		if cp.err == unix.EAGAIN {
 			pp.put(cp.p) // empty: every burst is moved on whole
 			cp.p = nil
@@ -176,8 +173,9 @@ func newCopier(pp *pipePool) *copier {
 		return true
 	}
 	cp.drain = func(fd uintptr) bool {
-		cp.n, cp.err = unix.Splice(cp.p.r, nil, int(fd), nil, int(cp.p.n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-		return cp.err != unix.EAGAIN && cp.err != unix.EINTR
+		n, err := nowait.Splice(cp.p.r, int(fd), int(cp.p.n))
+		cp.n, cp.err = int64(n), err
+		return cp.err != unix.EAGAIN
 	}
 	return cp
 }
@@ -205,7 +203,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 	go func() {
 		defer close(done)
 		down, downErr = p.pipes.copyRaw(clientRC, upRC)
-		c.client.CloseWrite()
+		nowait.CloseWrite(clientRC)
 	}()
 	if c.silent {
 		if err := p.firstBytes(c, name, inspect); err != nil {
@@ -235,7 +233,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 		// The client broke off: end the other direction too.
 		up.Close()
 	} else {
-		up.CloseWrite()
+		nowait.CloseWrite(upRC)
 	}
 	<-done
 	c.rec.Down = down

@@ -1,0 +1,5 @@
+//go:build !race
+
+package nowait
+
+const raceEnabled = false
