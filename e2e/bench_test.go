@@ -67,15 +67,14 @@ func (p benchPath) run(argv ...string) (string, error) {
 	return string(out), nil
 }
 
-// runCPU runs argv as run does and also returns the CPU time (user and
-// system, in clock ticks of 1/100 s) the path's proxy used while argv ran:
-// from when argv starts inside the path's namespace or member to when it
-// ends, so that setting up and tearing down a member is not counted. A
-// path without a proxy gives 0.
-func (p benchPath) runCPU(argv ...string) (string, int64, error) {
+// runCPU runs argv as run does and also returns what the path's proxy
+// used while argv ran: from when argv starts inside the path's namespace
+// or member to when it ends, so that setting up and tearing down a member
+// is not counted. A path without a proxy gives zero use.
+func (p benchPath) runCPU(argv ...string) (string, usage, error) {
 	if p.pid == 0 {
 		out, err := p.run(argv...)
-		return out, 0, err
+		return out, usage{}, err
 	}
 	script := `echo @ready; read go; "$@"; rc=$?; echo @done; exit $rc`
 	cmd := p.cmd(p.argv(append([]string{"sh", "-c", script, "sh"}, argv...))...)
@@ -84,22 +83,23 @@ func (p benchPath) runCPU(argv ...string) (string, int64, error) {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
-		return "", 0, err
+		return "", usage{}, err
 	}
 	defer cmd.Wait()
 	br := bufio.NewReader(stdout)
 	if l, err := br.ReadString('\n'); l != "@ready\n" {
 		cmd.Process.Kill()
-		return l, 0, fmt.Errorf("%v: %s", err, stderr.String())
+		return l, usage{}, fmt.Errorf("%v: %s", err, stderr.String())
 	}
-	cpu0 := cpuTicks(p.pid)
+	u0 := used(p.pid)
 	io.WriteString(stdin, "go\n")
 	var out strings.Builder
-	cpu := int64(-1)
+	u := usage{ticks: -1}
 	for {
 		l, err := br.ReadString('\n')
 		if l == "@done\n" {
-			cpu = cpuTicks(p.pid) - cpu0
+			u1 := used(p.pid)
+			u = usage{ticks: u1.ticks - u0.ticks, switches: u1.switches - u0.switches}
 			continue
 		}
 		out.WriteString(l)
@@ -107,10 +107,10 @@ func (p benchPath) runCPU(argv ...string) (string, int64, error) {
 			break
 		}
 	}
-	if err := cmd.Wait(); err != nil || cpu < 0 {
-		return out.String(), 0, fmt.Errorf("%v: %s", err, stderr.String())
+	if err := cmd.Wait(); err != nil || u.ticks < 0 {
+		return out.String(), usage{}, fmt.Errorf("%v: %s", err, stderr.String())
 	}
-	return out.String(), cpu, nil
+	return out.String(), u, nil
 }
 
 // usPer is CPU time in clock ticks as microseconds per unit of work.
@@ -284,10 +284,16 @@ func procTree(pid int) []int {
 	return out
 }
 
-// cpuTicks is the user and system CPU time pid and its descendants have
-// used, in clock ticks (1/100 s).
-func cpuTicks(pid int) int64 {
-	var n int64
+// usage is what a proxy used: CPU time (user and system, in clock ticks
+// of 1/100 s) and context switches of its threads (each time one of them
+// stopped running, because it waited or was made to yield).
+type usage struct {
+	ticks, switches int64
+}
+
+// used is what pid and its descendants have used so far.
+func used(pid int) usage {
+	var u usage
 	for _, p := range procTree(pid) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
 		if err != nil {
@@ -296,11 +302,23 @@ func cpuTicks(pid int) int64 {
 		// Fields after the command name, which may hold spaces: state is
 		// field 3, utime 14, stime 15.
 		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		s, _ := strconv.ParseInt(f[12], 10, 64)
-		n += u + s
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		u.ticks += ut + st
+		// Switches are counted per thread: the process's own line has only
+		// its first thread's.
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", p))
+		for _, t := range tasks {
+			b, _ := os.ReadFile(t)
+			for _, l := range strings.Split(string(b), "\n") {
+				if k, v, ok := strings.Cut(l, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
+					n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					u.switches += n
+				}
+			}
+		}
 	}
-	return n
+	return u
 }
 
 // rssKiB is the resident memory of pid and its descendants.
@@ -331,7 +349,7 @@ func benchDownload(b *testing.B, label string, paths []benchPath, size, streams 
 		total := float64(each * streams)
 		f := figures{"MB/s": total / el.Seconds() / 1e6}
 		if p.pid != 0 {
-			f["cpu-ms/GB"] = usPer(cpu, total/1e9) / 1000
+			f["cpu-ms/GB"] = usPer(cpu.ticks, total/1e9) / 1000
 		}
 		return f
 	})
@@ -356,7 +374,8 @@ func benchConns(b *testing.B, label string, paths []benchPath, c, n, names int, 
 		}
 		f := figures{"conns/s": rate, "p50-ms": p50, "p99-ms": p99, "failed": failed}
 		if p.pid != 0 {
-			f["cpu-us/conn"] = usPer(cpu, float64(conns))
+			f["cpu-us/conn"] = usPer(cpu.ticks, float64(conns))
+			f["switches/conn"] = float64(cpu.switches) / float64(conns)
 		}
 		return f
 	})
@@ -391,7 +410,8 @@ func benchKeepalive(b *testing.B, paths []benchPath, secs int) {
 			}
 			f := figures{"req/s": r.rps}
 			if p.pid != 0 {
-				f["cpu-us/req"] = usPer(cpu, float64(r.done))
+				f["cpu-us/req"] = usPer(cpu.ticks, float64(r.done))
+				f["switches/req"] = float64(cpu.switches) / float64(r.done)
 			}
 			return f
 		})
@@ -471,7 +491,8 @@ func benchHey(b *testing.B, label string, paths []benchPath, n int) {
 		}
 		f := figures{"conns/s": rate, "p50-ms": p50 * 1000, "p99-ms": p99 * 1000, "failed": float64(each - ok200)}
 		if p.pid != 0 {
-			f["cpu-us/conn"] = usPer(cpu, float64(each))
+			f["cpu-us/conn"] = usPer(cpu.ticks, float64(each))
+			f["switches/conn"] = float64(cpu.switches) / float64(each)
 		}
 		return f
 	})

@@ -71,17 +71,20 @@ awk -v secs="${1:-?}" -v missedfile="$missed" -v rounds="$rounds" '
 		ratio("splice, 8 streams, MB/s, airlock vs haproxy", "splice", "proxy/download-8x64MiB", "airlock", "proxy/download-8x64MiB", "haproxy", "MB/s", 1.0, "%.0f")
 		print ""
 		print "CPU time per unit of work, the proxy'"'"'s own (user+system, medians; no goals but the one above): noise on this"
-		print "machine moves it far less than throughput."
+		print "machine moves it far less than throughput. Beside it, how often the proxy'"'"'s threads stopped running (waited or"
+		print "yielded) per unit of work: each switch is a trip through the kernel'"'"'s scheduler, which this machine makes dear."
 		print ""
 		print "| work | airlock vs peer | figures |"
 		print "|---|---:|---|"
 		context("a new TLS connection, spliced: airlockd vs haproxy", "proxy/connect", "airlock", "proxy/connect", "haproxy", "cpu-us/conn", "%.0f µs")
+		context("thread switches per new connection, spliced: airlockd vs haproxy", "proxy/connect", "airlock", "proxy/connect", "haproxy", "switches/conn", "%.1f")
 		context("a GB spliced, 8 streams: airlockd vs haproxy", "proxy/download-8x64MiB", "airlock", "proxy/download-8x64MiB", "haproxy", "cpu-ms/GB", "%.0f ms")
 		context("a DNS fake-IP answer: gate vs unbound", "dns-fake", "gate", "dns-fake", "unbound", "cpu-us/q", "%.2f µs")
 		context("a DNS fake-IP answer: gate vs dnsmasq", "dns-fake", "gate", "dns-fake", "dnsmasq", "cpu-us/q", "%.2f µs")
 		context("a DNS denial: gate vs unbound", "dns-denied", "gate", "dns-denied", "unbound", "cpu-us/q", "%.2f µs")
 		context("a DNS denial: gate vs dnsmasq", "dns-denied", "gate", "dns-denied", "dnsmasq", "cpu-us/q", "%.2f µs")
 		context("an intercepted request, HTTP/1.1 keep-alive: airlockd vs sslsplit", "intercept/keepalive-h1", "airlock", "intercept/keepalive-h1", "sslsplit", "cpu-us/req", "%.1f µs")
+		context("thread switches per intercepted request, HTTP/1.1: airlockd vs sslsplit", "intercept/keepalive-h1", "airlock", "intercept/keepalive-h1", "sslsplit", "switches/req", "%.2f")
 		context("an intercepted request, HTTP/2 keep-alive: airlockd vs sslsplit (HTTP/1.1)", "intercept/keepalive-h2", "airlock", "intercept/keepalive-h2", "sslsplit", "cpu-us/req", "%.1f µs")
 		context("a new intercepted connection, warm: airlockd vs sslsplit", "intercept/handshake-warm", "airlock", "intercept/handshake-warm", "sslsplit", "cpu-us/conn", "%.0f µs")
 		print ""

@@ -14,7 +14,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 ulimit -n "$(ulimit -Hn)"
 
-units="MB/s cpu-ms/GB conns/s cpu-us/conn req/s cpu-us/req p50-ms p99-ms KiB/conn failed"
+units="MB/s cpu-ms/GB conns/s cpu-us/conn switches/conn req/s cpu-us/req switches/req p50-ms p99-ms KiB/conn failed"
 # table FILE BENCHMARK: a markdown table of BENCHMARK's sub-benchmarks,
 # named TEST/PATH, one row per test and unit, one column per path; a path
 # a test does not run shows "-". A figure measured in several rounds is
@@ -33,7 +33,7 @@ table() {
 				else if (u ~ /-max$/) { hi[test, path, substr(u, 1, length(u) - 4)] = $i }
 			}
 		}
-		function num(unit, x) { return sprintf(unit ~ /ms$|KiB|cpu-us/ && x < 1000 ? "%.3g" : "%.0f", x) }
+		function num(unit, x) { return sprintf(unit ~ /ms$|KiB|cpu-us|switches/ && x < 1000 ? "%.3g" : "%.0f", x) }
 		END {
 			# Columns in a fixed order: the physical limit first, airlock last.
 			n = 0; split("direct haproxy mitmdump sslsplit squid airlock", order, " ")
@@ -86,7 +86,8 @@ awk -v units="$units" '/^Benchmark(Proxy|Intercept)\// {
 	echo "destination), **airlock** (a sandbox member; DNAT to airlock's proxy, which decides, dials by name and splices)."
 	echo "$rounds_text"
 	echo "cpu-*: the proxy process's user+system time (\`/proc/PID/stat\`) while the load ran, per GB carried, per connection"
-	echo "or per request."
+	echo "or per request; switches/*: how many times one of its threads stopped running (it waited, or was made to yield:"
+	echo "\`/proc/PID/task/*/status\`), per connection or per request."
 	echo "idle: TLS connections opened (one request each) and held; the proxy's resident memory growth per connection"
 	echo "(held: as many as the open-file limit lets a proxy hold with two sockets each, at most 10,000; one run)."
 	echo "Downloads: curl pinned to CPU 1, $size_text a round."
