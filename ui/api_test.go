@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -81,7 +82,14 @@ func (h *apiHarness) reroute() {
 
 func (h *apiHarness) do(t testing.TB, method, path, body string) (int, string) {
 	t.Helper()
+	return h.doAs(t, "", method, path, body)
+}
+
+// doAs is do with host as the request's Host ("": the server's address).
+func (h *apiHarness) doAs(t testing.TB, host, method, path, body string) (int, string) {
+	t.Helper()
 	req, _ := http.NewRequest(method, h.ts.URL+path, strings.NewReader(body))
+	req.Host = host
 	req.Header.Set("Authorization", "Bearer "+h.srv.Token())
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -839,6 +847,95 @@ func TestRuleTypeIsTheForm(t *testing.T) {
 		var r RuleView
 		if err := json.Unmarshal([]byte(resp), &r); code != 201 || err != nil || r.Type != want {
 			t.Errorf("add %q: %d %s, want type %q", pattern, code, resp, want)
+		}
+	}
+}
+
+// TestAPIAnswersOnlyLoopbackNames: a web page that rebinds its own name to
+// 127.0.0.1 reaches the API's port with its name as Host; it reads
+// nothing, not even the routes that need no token, and the token does not
+// open them either. Loopback addresses and localhost, as every client of
+// the API's own names it, are served.
+func TestAPIAnswersOnlyLoopbackNames(t *testing.T) {
+	h := newAPI(t, "")
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(h.ts.URL, "http://"))
+	for _, host := range []string{"rebind.example:" + port, "rebind.example", "localhost.rebind.example:" + port,
+		"127.0.0.1.nip.io:" + port, "2130706433:" + port, "0.0.0.0:" + port, "10.0.0.1:" + port, "localhost.:" + port} {
+		for _, path := range []string{"/healthz", "/metrics", "/", "/api/v1/sandboxes", "/mcp"} {
+			code, body := h.doAs(t, host, "GET", path, "")
+			if code != http.StatusMisdirectedRequest || !strings.Contains(body, "loopback") {
+				t.Errorf("Host %q, GET %s: %d %.80q; want 421 naming loopback", host, path, code, body)
+			}
+		}
+	}
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "LocalHost:" + port, "127.0.0.1", "[::1]:" + port} {
+		if code, body := h.doAs(t, host, "GET", "/api/v1/sandboxes", ""); code != http.StatusOK {
+			t.Errorf("Host %q: %d %.80q; want 200", host, code, body)
+		}
+	}
+}
+
+func TestLoopbackHost(t *testing.T) {
+	for h, want := range map[string]bool{
+		"127.0.0.1": true, "127.8.9.10:80": true, "localhost": true, "LOCALHOST:7433": true, "[::1]:7433": true,
+		"[::1]": true, "[::ffff:127.0.0.1]:7433": true,
+		"": true, ":7433": false, "localhost.": false, "localhost.example": false, "example.com:7433": false,
+		"0.0.0.0": false, "[::]:7433": false, "[fe80::1%lo]:7433": false, "127.0.0.1 ": false, "0x7f.0.0.1": false,
+		"2130706433": false, "127.1": false,
+	} {
+		if got := loopbackHost(h); got != want {
+			t.Errorf("loopbackHost(%q) = %v; want %v", h, got, want)
+		}
+	}
+}
+
+// TestLoopbackOnlyOnTheWire sends raw requests a DNS-rebinding page (or an
+// odd client) could make: every one that names another host, or none, is
+// refused before routing (unknown paths, wrong methods, HEAD and CORS
+// preflights included); net/http itself refuses duplicate and malformed
+// Host headers. An absolute-form target is what counts over Host (RFC 9112
+// §3.2.2); a browser sends one only to a proxy, which names the page's host.
+func TestLoopbackOnlyOnTheWire(t *testing.T) {
+	h := newAPI(t, "")
+	addr := strings.TrimPrefix(h.ts.URL, "http://")
+	send := func(req string) int {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, req)
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: strings.Fields(req)[0]})
+		if err != nil {
+			t.Fatalf("%q: %v", req, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for req, want := range map[string]int{
+		"GET /healthz HTTP/1.0\r\n\r\n":                                                                                                             200,
+		"GET /healthz HTTP/1.1\r\nhost: rebind.example\r\n\r\n":                                                                                     421,
+		"GET /nowhere HTTP/1.1\r\nHost: rebind.example\r\n\r\n":                                                                                     421,
+		"DELETE /healthz HTTP/1.1\r\nHost: rebind.example\r\n\r\n":                                                                                  421,
+		"HEAD /metrics HTTP/1.1\r\nHost: rebind.example\r\n\r\n":                                                                                    421,
+		"GET /app.js HTTP/1.1\r\nHost: rebind.example\r\n\r\n":                                                                                      421,
+		"GET /api/v1/sandboxes/myapp/events HTTP/1.1\r\nHost: rebind.example\r\n\r\n":                                                               421,
+		"POST /mcp HTTP/1.1\r\nHost: rebind.example\r\nContent-Length: 0\r\n\r\n":                                                                   421,
+		"GET //127.0.0.1/healthz HTTP/1.1\r\nHost: rebind.example\r\n\r\n":                                                                          421,
+		"GET /healthz HTTP/1.1\r\nHost: app.localhost\r\n\r\n":                                                                                      421,
+		"GET /healthz HTTP/1.1\r\nHost: %6cocalhost\r\n\r\n":                                                                                        421,
+		"GET /healthz HTTP/1.1\r\nHost: " + strings.Repeat("a", 4000) + ".localhost\r\n\r\n":                                                        421,
+		"OPTIONS /api/v1/sandboxes HTTP/1.1\r\nHost: rebind.example\r\nOrigin: http://rebind.example\r\nAccess-Control-Request-Method: GET\r\n\r\n": 421,
+		"GET http://rebind.example/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n":                                                                     421,
+		"GET /healthz HTTP/1.1\r\nHost: rebind.example\r\nHost: 127.0.0.1\r\n\r\n":                                                                  400,
+		"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: rebind.example\r\n\r\n":                                                                  400,
+		"GET /healthz HTTP/1.1\r\nHost: rebind.example@localhost\r\n\r\n":                                                                           400,
+		"GET /healthz HTTP/1.1\r\nHost: [0:0:0:0:0:0:0:1]\r\n\r\n":                                                                                  200,
+		"GET http://127.0.0.1/healthz HTTP/1.1\r\nHost: rebind.example\r\n\r\n":                                                                     200,
+	} {
+		if got := send(req); got != want {
+			t.Errorf("%.100q: %d; want %d", req, got, want)
 		}
 	}
 }

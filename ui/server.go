@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -277,6 +278,9 @@ func (s *Server) routes() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.errorHandler
+	if !strings.HasPrefix(s.cfg.Listen, "unix:") {
+		e.Pre(loopbackOnly)
+	}
 	e.Use(s.bodyLimit)
 	e.GET("/healthz", func(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]any{"status": "ok", "sandboxes": len(s.cfg.Sandboxes())})
@@ -320,6 +324,44 @@ func (s *Server) routes() *echo.Echo {
 		return c.Blob(http.StatusOK, "application/x-pem-file", sandboxOf(c).CAPEM())
 	})
 	return e
+}
+
+// loopbackOnly refuses a request whose Host is not localhost or a loopback
+// address, before anything else looks at it. The API listens on loopback
+// only, so every client of its own names it so; a web page that rebinds
+// its own name to 127.0.0.1 (DNS rebinding) reaches the port but sends
+// its name, and must read nothing, not even /healthz or /metrics. (A unix
+// socket is out of a page's reach: it is not checked.)
+func loopbackOnly(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if !loopbackHost(c.Request().Host) {
+			return fail(http.StatusMisdirectedRequest, "the API answers only requests addressed to localhost or a loopback address",
+				"use http://127.0.0.1:PORT or http://localhost:PORT; a request naming another host (a web page that rebound its name to this address) is refused")
+		}
+		return next(c)
+	}
+}
+
+// loopbackHost reports whether a Host header (with or without a port)
+// names localhost or a loopback address, or is missing: an HTTP/1.0
+// client without one (a health check) is no browser, which always sends
+// the name of the page.
+func loopbackHost(h string) bool {
+	if h == "" {
+		return true
+	}
+	host, _, err := net.SplitHostPort(h)
+	if err != nil {
+		host = h // no port
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		host = host[1 : len(host)-1]
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Zone() == "" && a.Unmap().IsLoopback()
 }
 
 // bodyLimit refuses bodies over MaxBody (MaxSessionBody for the routes
