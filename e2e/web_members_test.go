@@ -86,6 +86,22 @@ func TestWebDockerMembers(t *testing.T) {
 	if !strings.Contains(warn, `\x1b[31mred`) || raw {
 		t.Errorf("stderr line in the page: %q (a raw escape: %v); want the escape shown as \\x1b", warn, raw)
 	}
+	// The member's 40,000-byte stdout line came in pieces with a stderr
+	// line between them: it is one line of stdout, and the stderr line is
+	// a line of its own.
+	var long int
+	var stderrs []string
+	chromedp.Run(ctx,
+		chromedp.Evaluate(`[...document.querySelectorAll("#logs .stdout")].filter((d) => /^L+$/.test(d.textContent)).map((d) => d.textContent.length).join(",") === "40000" ? 1 : 0`, &long),
+		chromedp.Evaluate(`[...document.querySelectorAll("#logs .stderr")].map((d) => d.textContent)`, &stderrs))
+	if long != 1 {
+		t.Error("the member's long stdout line is not one line of the page")
+	}
+	for _, l := range stderrs {
+		if strings.Contains(l, "L") {
+			t.Errorf("a stderr line of the page holds a piece of stdout: %.60q…", l)
+		}
+	}
 	checkAccessible(t, ctx, "members")
 	// The logs follow: a later tick arrives.
 	var first string

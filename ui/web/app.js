@@ -774,16 +774,18 @@ function openLogs(m) {
   $("logs-name").textContent = visibleText(m.name);
   $("logs").replaceChildren();
   $("logs-status").textContent = "following…";
-  let partial = "";
+  // A line cut in pieces is put together per stream: a piece of stderr
+  // between two of stdout is a line of its own, not part of theirs.
+  const partial = { stdout: "", stderr: "" };
   const es = new EventSource("/api/v1" + sb("/containers/" + encodeURIComponent(m.id) + "/logs?follow=1&tail=500"));
   state.logs = es;
   const add = (stream) => (ev) => {
     const l = JSON.parse(ev.data), box = $("logs");
-    partial += l.line;
-    if (l.partial && partial.length < 65536) return;
+    partial[stream] += l.line;
+    if (l.partial && partial[stream].length < 65536) return;
     const atEnd = box.scrollTop + box.clientHeight >= box.scrollHeight - 4;
-    box.append(el("div", { class: stream }, partial));
-    partial = "";
+    box.append(el("div", { class: stream }, partial[stream]));
+    partial[stream] = "";
     while (box.children.length > MAX_LOG_LINES) box.firstChild.remove();
     if (atEnd) box.scrollTop = box.scrollHeight;
   };

@@ -83,6 +83,15 @@ func main() {
 			fmt.Println("error:", err)
 			os.Exit(1)
 		}
+		// A line of stdout longer than the pieces the logs come in (Docker's
+		// 16 KiB, airlockd's 16 KiB), with a line of stderr in the middle
+		// of it: whoever shows the logs must put each stream's pieces
+		// together on their own.
+		os.Stdout.WriteString(strings.Repeat("L", 40000))
+		time.Sleep(300 * time.Millisecond)
+		fmt.Fprintf(os.Stderr, "warn 0 \x1b[31mred\n")
+		time.Sleep(300 * time.Millisecond)
+		os.Stdout.WriteString("\n")
 		fmt.Println("ready")
 		for i := 1; ; i++ {
 			fmt.Printf("tick %d\n", i)
