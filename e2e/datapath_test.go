@@ -278,16 +278,7 @@ func TestDivertedPacketsFindNothingWhenAirlockdDies(t *testing.T) {
 			return
 		}
 		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				got.Add(1)
-				c.Close()
-			}
-		}()
+		go countAccepts(ln, &got)
 		pc, err := transparent.ListenPacket("udp4", netip.MustParseAddrPort("0.0.0.0:53"), true)
 		if err != nil {
 			t.Errorf("transparent UDP socket: %v", err)
@@ -419,16 +410,7 @@ func TestEstablishedPathReachesOnlyTheProxysSockets(t *testing.T) {
 		}
 		t.Cleanup(func() { tp.Close() })
 		for _, ln := range []net.Listener{plain, tp} {
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					got.Add(1)
-					c.Close()
-				}
-			}()
+			go countAccepts(ln, &got)
 		}
 	})
 	// A segment with no socket of its own goes to the proxy's listener
@@ -594,4 +576,17 @@ func TestShapedSandboxDivertsEveryTCPFrame(t *testing.T) {
 		}
 	}
 	onAndOffBrNetfilter(t, w, check)
+}
+
+// countAccepts accepts and closes ln's connections, counting them in n,
+// until ln is closed.
+func countAccepts(ln net.Listener, n *atomic.Int32) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		n.Add(1)
+		c.Close()
+	}
 }

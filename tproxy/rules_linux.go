@@ -291,7 +291,7 @@ func (b *builder) build(cfg RulesConfig) {
 		// proxy hands it one). Those go the listener's way below, where
 		// tproxy looks up connections only, then the sandbox's own
 		// listener.
-		established := slices.Concat(nfproto(unix.NFPROTO_IPV4), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
+		established := slices.Concat(nfproto(unix.NFPROTO_IPV4), tcpAfterSYN())
 		// Reset, as a segment with no socket is: a member must not tell
 		// the host's ports on every address from closed ones.
 		b.rule(sPre, established, socketWildcard(), counter(), rejectTCPReset())
@@ -429,7 +429,7 @@ func EnsureDivert(conn *nftables.Conn, d DivertNet) error {
 	// wait socket a member's reset kills) find the listener bound there,
 	// another sandbox's proxy, which takes a valid SYN cookie.
 	if !d.Shaped {
-		afterSYN := slices.Concat(etherIPv4(), l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
+		afterSYN := slices.Concat(etherIPv4(), tcpAfterSYN())
 		b.rule(c, afterSYN, daddrLocal(expr.CmpOpEq), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 		b.rule(c, afterSYN, hasSocket(), counter(), dupTo(d.DivertIndex), verdict(expr.VerdictDrop))
 		b.rule(c, afterSYN, verdict(expr.VerdictAccept))
@@ -653,6 +653,12 @@ func notFragment() []expr.Any {
 }
 
 const tcpSYN = 0x02
+
+// tcpAfterSYN matches whole TCP segments without SYN: a connection's
+// packets after its first. Put an IPv4 match first.
+func tcpAfterSYN() []expr.Any {
+	return slices.Concat(l4proto(unix.IPPROTO_TCP), notFragment(), tcpFlagClear(tcpSYN))
+}
 
 // tcpFlagClear matches TCP segments without flag; put an l4proto match and
 // notFragment first.

@@ -26,11 +26,7 @@ func benchEntry() Entry {
 // BenchmarkJournalAdd measures one record added from one goroutine: its
 // encoding and its write(2).
 func BenchmarkJournalAdd(b *testing.B) {
-	j, err := Open(Config{Dir: b.TempDir(), MaxFileBytes: 1 << 30})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer j.Close()
+	j := benchJournal(b)
 	e := benchEntry()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -45,11 +41,7 @@ func BenchmarkJournalAdd(b *testing.B) {
 // per record under the lock.
 func BenchmarkJournalAddParallel(b *testing.B) {
 	b.Run("group commit", func(b *testing.B) {
-		j, err := Open(Config{Dir: b.TempDir(), MaxFileBytes: 1 << 30})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer j.Close()
+		j := benchJournal(b)
 		b.SetParallelism(4)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
@@ -119,11 +111,7 @@ func BenchmarkJournalAddHeld(b *testing.B) {
 			name = "one add each"
 		}
 		b.Run(name, func(b *testing.B) {
-			j, err := Open(Config{Dir: b.TempDir(), MaxFileBytes: 1 << 30})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer j.Close()
+			j := benchJournal(b)
 			e := benchEntry()
 			b.ReportAllocs()
 			n := 0
@@ -141,4 +129,16 @@ func BenchmarkJournalAddHeld(b *testing.B) {
 			b.ReportMetric(float64(j.writes)/float64(n), "writes/op")
 		})
 	}
+}
+
+// benchJournal opens a journal in a temporary directory whose file does
+// not rotate during a benchmark; it is closed when b ends.
+func benchJournal(b *testing.B) *Journal {
+	b.Helper()
+	j, err := Open(Config{Dir: b.TempDir(), MaxFileBytes: 1 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { j.Close() })
+	return j
 }

@@ -439,20 +439,24 @@ func (d *Daemon) setBandwidth(s *sandbox, mbps int) error {
 	s.bandwidthMu.Lock()
 	defer s.bandwidthMu.Unlock()
 	old := s.bandwidth.Load()
-	if mbps > 0 {
-		if err := s.net.SetBandwidth(d.h, mbps); err != nil {
-			return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
+	err := func() error {
+		if mbps > 0 {
+			if err := s.net.SetBandwidth(d.h, mbps); err != nil {
+				return err
+			}
 		}
-	}
-	if shaped := mbps > 0; shaped != (old > 0) {
-		if err := d.shapeDivert(s.net, shaped); err != nil {
-			return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
+		if shaped := mbps > 0; shaped != (old > 0) {
+			if err := d.shapeDivert(s.net, shaped); err != nil {
+				return err
+			}
 		}
-	}
-	if mbps == 0 {
-		if err := s.net.SetBandwidth(d.h, 0); err != nil {
-			return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
+		if mbps == 0 {
+			return s.net.SetBandwidth(d.h, 0)
 		}
+		return nil
+	}()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: resources.bandwidth_mbps: %w", s.cfg.Name, err)
 	}
 	if s.bandwidth.Swap(int64(mbps)); old != int64(mbps) {
 		d.log.Info("bandwidth limit", "sandbox", s.cfg.Name, "bandwidth_mbps", mbps, "unlimited", mbps == 0)
