@@ -45,14 +45,17 @@ func (p *Proxy) dialFirst(ctx context.Context, source, host string, addrs []neti
 			refused = append(refused, a.String()+" ("+why+")")
 			continue
 		}
+		// The local port is left to connect(2), which shares one among
+		// connections to different destinations. Dialer.DialTCP would
+		// bind to 0.0.0.0:0 first (golang/go#81620), holding a port of
+		// its own for each connection and for its minute in TIME_WAIT.
 		var d net.Dialer
-		// By address: no text to format and parse again, no resolver.
-		conn, err := d.DialTCP(ctx, "tcp4", netip.AddrPort{}, netip.AddrPortFrom(a, port))
+		conn, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(a, port).String())
 		if err != nil {
 			errs = append(errs, err.Error())
 			continue
 		}
-		return conn, nil
+		return conn.(*net.TCPConn), nil
 	}
 	if len(errs) == 0 && len(refused) > 0 {
 		return nil, &ssrfError{host: host, refused: refused}
