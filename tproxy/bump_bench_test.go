@@ -25,7 +25,7 @@ import (
 // leanUpstream is an HTTPS server that answers every HTTP/1.1 request on a
 // kept-alive connection with the same small response, allocating next to
 // nothing, so that a benchmark's allocations are the proxy's.
-func leanUpstream(b *testing.B) *upstream {
+func leanUpstream(b testing.TB) *upstream {
 	caPEM, leaf, err := testcerts.New([]string{"api.allowed.test"}, nil)
 	if err != nil {
 		b.Fatal(err)
