@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,7 +22,8 @@ var h2HoldMax = time.Millisecond
 // first. Bytes are never reordered or changed: a hold only delays them.
 type h2Conn struct {
 	net.Conn
-	timer *time.Timer
+	timer  *time.Timer
+	closed atomic.Bool // no hold begins once Close has begun
 
 	mu   sync.Mutex // guards the following fields, and writes to Conn
 	held *[]byte    // from h2Buffers, while bytes are held
@@ -66,10 +68,14 @@ func (c *h2Conn) Write(p []byte) (int, error) {
 	if c.err != nil {
 		return 0, c.err
 	}
-	hold := c.endsWithOpenHeaders(p) && len(p) <= h2HoldBytes
+	hold := c.endsWithOpenHeaders(p) && len(p) <= h2HoldBytes && !c.closed.Load()
 	if c.held == nil {
 		if !hold {
-			return c.Conn.Write(p)
+			n, err := c.Conn.Write(p)
+			if err != nil {
+				c.err = err
+			}
+			return n, err
 		}
 		c.held = h2Buffers.Get().(*[]byte)
 		*c.held = append((*c.held)[:0], p...)
@@ -122,6 +128,7 @@ func (c *h2Conn) dropHeld() {
 // under way (one blocked on a client that does not read must not keep
 // the connection open).
 func (c *h2Conn) Close() error {
+	c.closed.Store(true)
 	c.timer.Stop()
 	if c.mu.TryLock() {
 		if c.held != nil {

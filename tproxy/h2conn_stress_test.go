@@ -1,0 +1,226 @@
+package tproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/net/http2"
+)
+
+func selfSigned(t testing.TB) tls.Certificate {
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "x"}, DNSNames: []string{"x"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+}
+
+// TestH2ConnUnderXNet: x/net's server over h2Conn, x/net's client, a mix of
+// answers; every one arrives whole and nothing is left running.
+func TestH2ConnUnderXNet(t *testing.T) {
+	defer func(d time.Duration) { h2HoldMax = d }(h2HoldMax)
+	h2HoldMax = time.Millisecond
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cert := selfSigned(t)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("b", 200<<10)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/small":
+			io.WriteString(w, "hello")
+		case "/stream":
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			time.Sleep(200 * time.Millisecond)
+			io.WriteString(w, "later")
+		case "/bigheaders":
+			w.Header().Set("X-Big", strings.Repeat("h", 6000))
+			io.WriteString(w, "bh")
+		case "/midheaders":
+			w.Header().Set("X-Mid", strings.Repeat("m", 3900))
+			io.WriteString(w, "mh")
+		case "/trailers":
+			w.Header().Set("Trailer", "X-T")
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			io.WriteString(w, "tt")
+			w.Header().Set("X-T", "done")
+		case "/continue":
+			b, _ := io.ReadAll(r.Body)
+			w.Write(b)
+		case "/large":
+			io.WriteString(w, big)
+		case "/reset":
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}
+	})
+	srvDone := make(chan struct{})
+	var conns sync.WaitGroup
+	go func() {
+		defer close(srvDone)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() {
+				tc := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2"}})
+				if tc.Handshake() != nil {
+					c.Close()
+					return
+				}
+				(&http2.Server{}).ServeConn(newH2Conn(tc), &http2.ServeConnOpts{Handler: handler})
+			})
+		}
+	}()
+	tr := &http2.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}}
+	cl := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	u := "https://" + ln.Addr().String()
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 30 {
+				switch (g + i) % 8 {
+				case 0, 1:
+					get(t, cl, u+"/small", "hello", "")
+				case 2:
+					get(t, cl, u+"/stream", "later", "")
+				case 3:
+					get(t, cl, u+"/bigheaders", "bh", "")
+					get(t, cl, u+"/midheaders", "mh", "")
+				case 4:
+					get(t, cl, u+"/trailers", "tt", "done")
+				case 5:
+					req, _ := http.NewRequest("POST", u+"/continue", strings.NewReader("body!"))
+					req.Header.Set("Expect", "100-continue")
+					res, err := cl.Do(req)
+					if err != nil {
+						t.Error(err)
+						continue
+					}
+					b, _ := io.ReadAll(res.Body)
+					res.Body.Close()
+					if string(b) != "body!" {
+						t.Errorf("continue: %q", b)
+					}
+				case 6:
+					get(t, cl, u+"/large", big, "")
+				case 7:
+					ctx, cancel := context.WithCancel(context.Background())
+					req, _ := http.NewRequestWithContext(ctx, "GET", u+"/reset", nil)
+					res, err := cl.Do(req)
+					if err == nil {
+						cancel()
+						io.ReadAll(res.Body)
+						res.Body.Close()
+					}
+					cancel()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// Alone on its connection, nothing else can carry the held headers:
+	// they must come on their own, not with the body the handler writes
+	// 200 ms after flushing them, so the body is still to come when the
+	// client has the headers.
+	tr.CloseIdleConnections()
+	var bodyTook time.Duration
+	if res, err := cl.Get(u + "/stream"); err != nil {
+		t.Error(err)
+	} else {
+		start := time.Now()
+		io.ReadAll(res.Body)
+		res.Body.Close()
+		bodyTook = time.Since(start)
+	}
+	tr.CloseIdleConnections()
+	ln.Close()
+	<-srvDone
+	conns.Wait()
+	if bodyTook < 100*time.Millisecond {
+		t.Errorf("the flushed headers came %v before the body, want about 200ms: they waited for it", bodyTook)
+	}
+}
+
+func get(t *testing.T, cl *http.Client, u, want, trailer string) {
+	res, err := cl.Get(u)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	b, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	if err != nil || !bytes.Equal(b, []byte(want)) {
+		t.Errorf("%s: %d bytes, %v", u, len(b), err)
+	}
+	if trailer != "" && res.Trailer.Get("X-T") != trailer {
+		t.Errorf("%s: trailer %q", u, res.Trailer.Get("X-T"))
+	}
+}
+
+// TestH2ConnCloseUnblocks: a client that never reads blocks the timer's
+// release and the next write; Close frees both at once.
+func TestH2ConnCloseUnblocks(t *testing.T) {
+	defer func(d time.Duration) { h2HoldMax = d }(h2HoldMax)
+	h2HoldMax = time.Millisecond
+	for _, useTLS := range []bool{false, true} {
+		a, b := net.Pipe()
+		var under net.Conn = a
+		if useTLS {
+			cert := selfSigned(t)
+			tc := tls.Server(a, &tls.Config{Certificates: []tls.Certificate{cert}})
+			cc := tls.Client(b, &tls.Config{InsecureSkipVerify: true})
+			go cc.Handshake()
+			if err := tc.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			under = tc
+		}
+		c := newH2Conn(under)
+		c.Write(frame(h2FrameHeaders, h2FlagEndHeaders, 1, 40))
+		time.Sleep(20 * time.Millisecond) // the release is now blocked in the pipe
+		done := make(chan error, 1)
+		go func() { _, err := c.Write(frame(0x0, h2FlagEndStream, 1, 8)); done <- err }()
+		time.Sleep(10 * time.Millisecond)
+		closed := make(chan struct{})
+		go func() { c.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("tls %v: Close hangs", useTLS)
+		}
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("tls %v: write after close succeeded", useTLS)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatalf("tls %v: write hangs after Close", useTLS)
+		}
+		b.Close()
+	}
+}
