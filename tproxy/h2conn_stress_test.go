@@ -3,14 +3,8 @@ package tproxy
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"strings"
@@ -20,17 +14,18 @@ import (
 
 	"go.uber.org/goleak"
 	"golang.org/x/net/http2"
+
+	"github.com/airlockhq/airlock/internal/testcerts"
 )
 
-func selfSigned(t testing.TB) tls.Certificate {
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "x"}, DNSNames: []string{"x"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+// testLeaf is a server certificate for "x" from a throwaway CA; the
+// clients here skip verification.
+func testLeaf(t testing.TB) tls.Certificate {
+	_, leaf, err := testcerts.New([]string{"x"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+	return leaf
 }
 
 // TestH2ConnUnderXNet: x/net's server over h2Conn, x/net's client, a mix of
@@ -39,7 +34,7 @@ func TestH2ConnUnderXNet(t *testing.T) {
 	defer func(d time.Duration) { h2HoldMax = d }(h2HoldMax)
 	h2HoldMax = time.Millisecond
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	cert := selfSigned(t)
+	cert := testLeaf(t)
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -105,29 +100,20 @@ func TestH2ConnUnderXNet(t *testing.T) {
 			for i := range 30 {
 				switch (g + i) % 8 {
 				case 0, 1:
-					get(t, cl, u+"/small", "hello", "")
+					expectAnswer(t, cl, getReq(u+"/small"), "hello", "")
 				case 2:
-					get(t, cl, u+"/stream", "later", "")
+					expectAnswer(t, cl, getReq(u+"/stream"), "later", "")
 				case 3:
-					get(t, cl, u+"/bigheaders", "bh", "")
-					get(t, cl, u+"/midheaders", "mh", "")
+					expectAnswer(t, cl, getReq(u+"/bigheaders"), "bh", "")
+					expectAnswer(t, cl, getReq(u+"/midheaders"), "mh", "")
 				case 4:
-					get(t, cl, u+"/trailers", "tt", "done")
+					expectAnswer(t, cl, getReq(u+"/trailers"), "tt", "done")
 				case 5:
 					req, _ := http.NewRequest("POST", u+"/continue", strings.NewReader("body!"))
 					req.Header.Set("Expect", "100-continue")
-					res, err := cl.Do(req)
-					if err != nil {
-						t.Error(err)
-						continue
-					}
-					b, _ := io.ReadAll(res.Body)
-					res.Body.Close()
-					if string(b) != "body!" {
-						t.Errorf("continue: %q", b)
-					}
+					expectAnswer(t, cl, req, "body!", "")
 				case 6:
-					get(t, cl, u+"/large", big, "")
+					expectAnswer(t, cl, getReq(u+"/large"), big, "")
 				case 7:
 					ctx, cancel := context.WithCancel(context.Background())
 					req, _ := http.NewRequestWithContext(ctx, "GET", u+"/reset", nil)
@@ -166,8 +152,16 @@ func TestH2ConnUnderXNet(t *testing.T) {
 	}
 }
 
-func get(t *testing.T, cl *http.Client, u, want, trailer string) {
-	res, err := cl.Get(u)
+// getReq is a GET of u.
+func getReq(u string) *http.Request {
+	req, _ := http.NewRequest("GET", u, nil)
+	return req
+}
+
+// expectAnswer sends req and checks the answer's body, and its X-T
+// trailer when trailer is not "".
+func expectAnswer(t *testing.T, cl *http.Client, req *http.Request, want, trailer string) {
+	res, err := cl.Do(req)
 	if err != nil {
 		t.Error(err)
 		return
@@ -175,10 +169,10 @@ func get(t *testing.T, cl *http.Client, u, want, trailer string) {
 	b, err := io.ReadAll(res.Body)
 	res.Body.Close()
 	if err != nil || !bytes.Equal(b, []byte(want)) {
-		t.Errorf("%s: %d bytes, %v", u, len(b), err)
+		t.Errorf("%s %s: %d bytes, %v", req.Method, req.URL, len(b), err)
 	}
 	if trailer != "" && res.Trailer.Get("X-T") != trailer {
-		t.Errorf("%s: trailer %q", u, res.Trailer.Get("X-T"))
+		t.Errorf("%s %s: trailer %q", req.Method, req.URL, res.Trailer.Get("X-T"))
 	}
 }
 
@@ -191,7 +185,7 @@ func TestH2ConnCloseUnblocks(t *testing.T) {
 		a, b := net.Pipe()
 		var under net.Conn = a
 		if useTLS {
-			cert := selfSigned(t)
+			cert := testLeaf(t)
 			tc := tls.Server(a, &tls.Config{Certificates: []tls.Certificate{cert}})
 			cc := tls.Client(b, &tls.Config{InsecureSkipVerify: true})
 			go cc.Handshake()
