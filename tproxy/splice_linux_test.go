@@ -4,32 +4,11 @@ import (
 	"bytes"
 	"crypto/rand"
 	"io"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/testenv"
 )
-
-// tcpPair returns the two ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.Dial("tcp4", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a.(*net.TCPConn), b.(*net.TCPConn)
-}
 
 func TestPipePoolCopy(t *testing.T) {
 	for _, tc := range []struct {
@@ -44,8 +23,8 @@ func TestPipePoolCopy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pp := newPipePool(4)
 			defer pp.close()
-			client, srcEnd := tcpPair(t) // client writes; the copy reads srcEnd
-			dstEnd, reader := tcpPair(t) // the copy writes dstEnd; reader reads
+			client, srcEnd := testenv.TCPPair(t) // client writes; the copy reads srcEnd
+			dstEnd, reader := testenv.TCPPair(t) // the copy writes dstEnd; reader reads
 			var want bytes.Buffer
 			bursts := make([][]byte, len(tc.sizes))
 			for i, n := range tc.sizes {
@@ -91,8 +70,8 @@ func TestPipePoolCopy(t *testing.T) {
 func TestPipePoolCopyEndsWhenClosed(t *testing.T) {
 	pp := newPipePool(4)
 	defer pp.close()
-	client, srcEnd := tcpPair(t)
-	dstEnd, reader := tcpPair(t)
+	client, srcEnd := testenv.TCPPair(t)
+	dstEnd, reader := testenv.TCPPair(t)
 	done := make(chan error)
 	go func() {
 		_, err := pp.copy(dstEnd, srcEnd)

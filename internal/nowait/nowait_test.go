@@ -7,27 +7,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-)
 
-// tcpPair returns the two ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.DialTCP("tcp4", nil, ln.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
-}
+	"github.com/airlockhq/airlock/internal/testenv"
+)
 
 // fd runs f on c's descriptor.
 func fd(t *testing.T, c *net.TCPConn, f func(fd int)) {
@@ -42,7 +24,7 @@ func fd(t *testing.T, c *net.TCPConn, f func(fd int)) {
 }
 
 func TestSpliceMovesBytesAndNeverWaits(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testenv.TCPPair(t)
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
 		t.Fatal(err)
@@ -179,7 +161,7 @@ func TestMmsgRoundTrip(t *testing.T) {
 }
 
 func TestCloseWriteSendsTheEnd(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := testenv.TCPPair(t)
 	rc, err := a.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +192,7 @@ func TestCloseWriteAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops shutters at random under the race detector")
 	}
-	a, _ := tcpPair(t)
+	a, _ := testenv.TCPPair(t)
 	rc, err := a.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
