@@ -575,6 +575,7 @@ backend b
 	paths := []benchPath{direct, nsPath("haproxy", hpNS, w.CAFile, hpPid), memberPath(w, cfg, w.CAFile, d)}
 	waitServing(b, paths[1])
 
+	// First, as in BenchmarkIntercept (see there).
 	benchIdle(b, "idle", pick(paths, "haproxy", "airlock"), idleConns(2))
 	// Half a GiB a round: three rounds carry more than one run of 1 GiB
 	// did, in about as long again.
@@ -835,6 +836,11 @@ shutdown_lifetime 0 seconds
 		waitServing(b, p)
 	}
 
+	// First, while every proxy is fresh: the figure is resident memory's
+	// growth, and a Go process that has worked reuses the heap it freed.
+	// The rows after it measure proxies that have just let thousands of
+	// connections go, which is not neutral (see scripts/bench-notes.md,
+	// "Order").
 	benchIdle(b, "idle", pick(paths, "sslsplit", "airlock"), idleConns(2))
 	benchDownload(b, "https-download", pick(paths, "direct", "mitmdump", "sslsplit", "squid", "airlock"), scale(512<<20, 128<<20), 1)
 	benchKeepalive(b, paths, scale(2, 1))
