@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -69,10 +68,7 @@ func silentClient(t *testing.T, h *harness, up *upstream, serverName string) *tl
 	t.Helper()
 	raw := h.connect(t, 5*time.Second)
 	testenv.WaitFor(t, 5*time.Second, "the proxy to end the sniff window and dial the upstream", func() bool { return up.tlsConns.Load() == 1 })
-	roots := x509.NewCertPool()
-	pem, _ := os.ReadFile(up.caFile)
-	roots.AppendCertsFromPEM(pem)
-	return tls.Client(raw, &tls.Config{ServerName: serverName, RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	return tls.Client(raw, &tls.Config{ServerName: serverName, RootCAs: up.roots(t), NextProtos: []string{"http/1.1"}})
 }
 
 // Plain HTTP is checked request by request: a second request on a kept-alive

@@ -24,9 +24,7 @@ func newBumpHarness(t testing.TB, up *upstream, dst netip.AddrPort, policyYAML s
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots := x509.NewCertPool()
-	pem, _ := os.ReadFile(up.caFile)
-	roots.AppendCertsFromPEM(pem)
+	roots := up.roots(t)
 	h := newHarness(t, up, dst, policyYAML, func(c *Config) {
 		c.CA, c.UpstreamRoots = ca, roots
 		for _, f := range tune {

@@ -2,7 +2,6 @@ package tproxy
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/netip"
@@ -63,12 +62,7 @@ func portShareScenario(t *testing.T) {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("61000 61001"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pem, err := os.ReadFile(up.caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
+	roots := up.roots(t)
 	for i := range 2 {
 		// A finished handshake is one through the proxy: the upstream
 		// connection is up and held while the client is.

@@ -3,12 +3,10 @@ package tproxy
 import (
 	"bufio"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -25,14 +23,8 @@ func TestProxyLearnedSpliceEndsWithLearnMode(t *testing.T) {
 	yaml := strings.Replace(rules(up.httpsPort), "sandbox:\n", fmt.Sprintf("sandbox:\n  unknown_action: learn\n  learn_until: %q\n", until.Format(time.RFC3339)), 1)
 	h := newHarness(t, up, netip.AddrPortFrom(fake("unknown.test"), up.httpsPort), yaml, nil)
 
-	pem, err := os.ReadFile(up.caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
 	raw := h.connect(t, 30*time.Second)
-	tc := tls.Client(raw, &tls.Config{ServerName: "unknown.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	tc := tls.Client(raw, &tls.Config{ServerName: "unknown.test", RootCAs: up.roots(t), NextProtos: []string{"http/1.1"}})
 	br := bufio.NewReader(tc)
 	get := func() error {
 		if _, err := io.WriteString(tc, "GET / HTTP/1.1\r\nHost: unknown.test\r\n\r\n"); err != nil {

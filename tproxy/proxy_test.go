@@ -68,6 +68,20 @@ type upstream struct {
 	tlsClosed           atomic.Int32 // TLS connections closed
 }
 
+// roots returns a pool that trusts the upstream's test CA.
+func (u *upstream) roots(t testing.TB) *x509.CertPool {
+	t.Helper()
+	pem, err := os.ReadFile(u.caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		t.Fatalf("no certificate in %s", u.caFile)
+	}
+	return roots
+}
+
 func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Upgrade") == "websocket" {
 		// Enough of a WebSocket server: switch, then echo.
@@ -329,19 +343,9 @@ func TestProxyAllowedIsSpliced(t *testing.T) {
 	// resets the connection, and the record would rightly say so (Go's
 	// server sends close_notify, waits, then closes, so a client's
 	// close_notify is still unread there).
-	pem, err := os.ReadFile(up.caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	raw, err := net.Dial("tcp4", h.proxy.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := tls.Client(raw, &tls.Config{ServerName: "allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	raw := h.connect(t, 10*time.Second)
+	c := tls.Client(raw, &tls.Config{ServerName: "allowed.test", RootCAs: up.roots(t), NextProtos: []string{"http/1.1"}})
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: allowed.test:%d\r\nConnection: close\r\n\r\n", up.httpsPort)
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	out, err := io.ReadAll(c)
 	raw.Close()
 	if err != nil || !strings.HasPrefix(string(out), "HTTP/1.1 200 ") || !strings.HasSuffix(string(out), "\r\n\r\ninternet") {
