@@ -291,6 +291,13 @@ type usage struct {
 	ticks, switches int64
 }
 
+// per adds u per unit of work to f: "cpu-us/UNIT" and "switches/UNIT",
+// for n units.
+func (u usage) per(f figures, unit string, n float64) {
+	f["cpu-us/"+unit] = usPer(u.ticks, n)
+	f["switches/"+unit] = float64(u.switches) / n
+}
+
 // used is what pid and its descendants have used so far.
 func used(pid int) usage {
 	var u usage
@@ -374,8 +381,7 @@ func benchConns(b *testing.B, label string, paths []benchPath, c, n, names int, 
 		}
 		f := figures{"conns/s": rate, "p50-ms": p50, "p99-ms": p99, "failed": failed}
 		if p.pid != 0 {
-			f["cpu-us/conn"] = usPer(cpu.ticks, float64(conns))
-			f["switches/conn"] = float64(cpu.switches) / float64(conns)
+			cpu.per(f, "conn", float64(conns))
 		}
 		return f
 	})
@@ -410,8 +416,7 @@ func benchKeepalive(b *testing.B, paths []benchPath, secs int) {
 			}
 			f := figures{"req/s": r.rps}
 			if p.pid != 0 {
-				f["cpu-us/req"] = usPer(cpu.ticks, float64(r.done))
-				f["switches/req"] = float64(cpu.switches) / float64(r.done)
+				cpu.per(f, "req", float64(r.done))
 			}
 			return f
 		})
@@ -491,8 +496,7 @@ func benchHey(b *testing.B, label string, paths []benchPath, n int) {
 		}
 		f := figures{"conns/s": rate, "p50-ms": p50 * 1000, "p99-ms": p99 * 1000, "failed": float64(each - ok200)}
 		if p.pid != 0 {
-			f["cpu-us/conn"] = usPer(cpu.ticks, float64(each))
-			f["switches/conn"] = float64(cpu.switches) / float64(each)
+			cpu.per(f, "conn", float64(each))
 		}
 		return f
 	})
