@@ -222,34 +222,85 @@ func benchWorld(b *testing.B, policy string) (*testworld.World, string, *testwor
 	return w, cfg, d, nsPath("direct", direct, w.CAFile, 0)
 }
 
+// peer is a peer proxy that startPeer runs.
+type peer struct {
+	ns   string // the client namespace whose TCP the host sends to it
+	host string // the world's host namespace, where it runs
+	argv []string
+	env  []string
+	cmd  *exec.Cmd
+	log  *testworld.SyncBuffer
+}
+
 // startPeer runs a peer proxy (argv) in the world's host namespace and a
 // client namespace on network NET (such as "10.98.0") whose TCP the host
-// DNATs to NET.1:port, where the peer listens. It returns the client
-// namespace and the peer's process ID; the peer's output is logged when
-// the benchmark fails.
-func startPeer(b *testing.B, w *testworld.World, net, port string, env []string, argv ...string) (string, int) {
+// DNATs to NET.1:port, where the peer listens. The peer's output is
+// logged when the benchmark fails.
+func startPeer(b *testing.B, w *testworld.World, net, port string, env []string, argv ...string) *peer {
 	b.Helper()
-	ns := nsName(w, strings.Split(net, ".")[1])
-	setupDNATClient(b, w, ns, net, net+".1:"+port)
-	nsRun(ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=1024 65000")
-	cmd := exec.Command("ip", append([]string{"netns", "exec", w.Host}, argv...)...)
-	cmd.Env = append(os.Environ(), env...)
-	log := &testworld.SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = log, log
+	p := &peer{ns: nsName(w, strings.Split(net, ".")[1]), host: w.Host, argv: argv, env: env, log: &testworld.SyncBuffer{}}
+	setupDNATClient(b, w, p.ns, net, net+".1:"+port)
+	nsRun(p.ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=1024 65000")
+	p.start(b)
+	b.Cleanup(func() {
+		p.stop()
+		if b.Failed() {
+			b.Logf("%s:\n%s", argv[0], p.log.String())
+		}
+	})
+	return p
+}
+
+func (p *peer) start(b *testing.B) {
+	b.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", p.host}, p.argv...)...)
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout, cmd.Stderr = p.log, p.log
 	// Its own process group, so that the processes it forks go with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.WaitDelay = 2 * time.Second
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
-		if b.Failed() {
-			b.Logf("%s:\n%s", argv[0], log.String())
+	p.cmd = cmd
+}
+
+// stop kills the peer and every process it forked, and waits for it.
+func (p *peer) stop() {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	p.cmd.Wait()
+}
+
+// pid is the peer's process ID, for its CPU and memory figures.
+func (p *peer) pid() int { return p.cmd.Process.Pid }
+
+// path is the way through the peer for clients that trust ca.
+func (p *peer) path(name, ca string) benchPath { return nsPath(name, p.ns, ca, p.pid()) }
+
+// freshen restarts the proxies of paths, airlockd with them, and waits
+// until each serves again, so that the rows after the idle rows measure
+// fresh processes rather than ones that have just held and let go of
+// thousands of connections (see "Order" in scripts/bench-notes.md). It
+// returns the paths with their new processes and the new daemon.
+func freshen(b *testing.B, w *testworld.World, cfg string, d *testworld.Daemon, paths []benchPath, peers map[string]*peer) ([]benchPath, *testworld.Daemon) {
+	b.Helper()
+	out := slices.Clone(paths)
+	for i, p := range out {
+		switch {
+		case p.name == "airlock":
+			d = d.Restart()
+			out[i] = memberPath(w, cfg, p.ca, d)
+		case peers[p.name] != nil:
+			pr := peers[p.name]
+			pr.stop()
+			pr.start(b)
+			out[i].pid = pr.pid()
+		default:
+			continue
 		}
-	})
-	return ns, cmd.Process.Pid
+		waitServing(b, out[i])
+	}
+	return out, d
 }
 
 // waitServing waits until p fetches the internet's front page.
@@ -515,7 +566,8 @@ func idleConns(fds int) int {
 // benchIdle opens n TLS connections through each path, one request each,
 // holds them, and reports how much the proxy's resident memory grew per
 // connection. Run it first, on a fresh proxy: a heap grown by earlier
-// work would take the new connections without growing.
+// work would take the new connections without growing. Then freshen the
+// proxies it measured.
 func benchIdle(b *testing.B, label string, paths []benchPath, n int) {
 	for _, p := range paths {
 		b.Run(label+"/"+p.name, func(b *testing.B) {
@@ -574,13 +626,14 @@ frontend f
 backend b
   server original 0.0.0.0:0
 `), 0o644)
-	hpNS, hpPid := startPeer(b, w, "10.98.0", "15002", nil, haproxy, "-f", hcfg, "-db")
+	hp := startPeer(b, w, "10.98.0", "15002", nil, haproxy, "-f", hcfg, "-db")
 	// Spliced TLS is end to end: every client trusts the internet's CA.
-	paths := []benchPath{direct, nsPath("haproxy", hpNS, w.CAFile, hpPid), memberPath(w, cfg, w.CAFile, d)}
+	paths := []benchPath{direct, hp.path("haproxy", w.CAFile), memberPath(w, cfg, w.CAFile, d)}
 	waitServing(b, paths[1])
 
-	// First, as in BenchmarkIntercept (see there).
+	// First, then fresh proxies, as in BenchmarkIntercept (see there).
 	benchIdle(b, "idle", pick(paths, "haproxy", "airlock"), idleConns(2))
+	paths, d = freshen(b, w, cfg, d, paths, map[string]*peer{"haproxy": hp})
 	// Half a GiB a round: three rounds carry more than one run of 1 GiB
 	// did, in about as long again.
 	const size = 512 << 20
@@ -779,9 +832,9 @@ func BenchmarkIntercept(b *testing.B) {
 		b.Fatal("mitmdump not installed (make bench installs mitmproxy)")
 	}
 	conf := filepath.Join(w.Dir, "mitm")
-	mNS, mPid := startPeer(b, w, "10.97.0", "15003", nil, mitmdump, "--mode", "transparent", "--listen-host", "10.97.0.1", "--listen-port", "15003",
+	mp := startPeer(b, w, "10.97.0", "15003", nil, mitmdump, "--mode", "transparent", "--listen-host", "10.97.0.1", "--listen-port", "15003",
 		"--set", "confdir="+conf, "--set", "ssl_verify_upstream_trusted_ca="+w.CAFile, "--set", "flow_detail=0", "--set", "stream_large_bodies=128k", "-q")
-	mitm := nsPath("mitmdump", mNS, filepath.Join(conf, "mitmproxy-ca-cert.pem"), mPid)
+	mitm := mp.path("mitmdump", filepath.Join(conf, "mitmproxy-ca-cert.pem"))
 	mitm.slow = 16
 	paths = append(paths, mitm)
 
@@ -791,9 +844,9 @@ func BenchmarkIntercept(b *testing.B) {
 	if err != nil {
 		b.Fatal("sslsplit not installed (make bench installs it)")
 	}
-	sNS, sPid := startPeer(b, w, "10.96.0", "15004", []string{"SSL_CERT_FILE=" + upCA}, sslsplit, "-u", "root", "-k", peerKey, "-c", peerCA, "-K", leafKey,
+	sp := startPeer(b, w, "10.96.0", "15004", []string{"SSL_CERT_FILE=" + upCA}, sslsplit, "-u", "root", "-k", peerKey, "-c", peerCA, "-K", leafKey,
 		"-o", "VerifyPeer=yes", "ssl", "10.96.0.1", "15004")
-	split := nsPath("sslsplit", sNS, peerCA, sPid)
+	split := sp.path("sslsplit", peerCA)
 	// Each new connection through sslsplit takes about 250 ms whatever
 	// the load (its rate is bound by latency, not CPU): fewer of them
 	// give the same rate in less time.
@@ -830,8 +883,8 @@ pid_filename %[1]s/squid.pid
 coredump_dir %[1]s
 shutdown_lifetime 0 seconds
 `, peerDir, testworld.DNSAddr)), 0o644)
-	qNS, qPid := startPeer(b, w, "10.95.0", "15005", nil, squid, "-N", "-f", squidConf)
-	sq := nsPath("squid", qNS, peerCA, qPid)
+	qp := startPeer(b, w, "10.95.0", "15005", nil, squid, "-N", "-f", squidConf)
+	sq := qp.path("squid", peerCA)
 	sq.slowConns = 4
 	sq.noH2 = true
 	paths = append(paths, sq)
@@ -842,10 +895,11 @@ shutdown_lifetime 0 seconds
 
 	// First, while every proxy is fresh: the figure is resident memory's
 	// growth, and a Go process that has worked reuses the heap it freed.
-	// The rows after it measure proxies that have just let thousands of
-	// connections go, which is not neutral (see scripts/bench-notes.md,
-	// "Order").
+	// Then the proxies it measured start again, since a proxy that has
+	// just let thousands of connections go is not a neutral start for the
+	// rows after (see scripts/bench-notes.md, "Order").
 	benchIdle(b, "idle", pick(paths, "sslsplit", "airlock"), idleConns(2))
+	paths, _ = freshen(b, w, cfg, d, paths, map[string]*peer{"sslsplit": sp})
 	benchDownload(b, "https-download", pick(paths, "direct", "mitmdump", "sslsplit", "squid", "airlock"), scale(512<<20, 128<<20), 1)
 	benchKeepalive(b, paths, scale(2, 1))
 	hs := pick(paths, "direct", "sslsplit", "squid", "airlock")
