@@ -99,7 +99,7 @@ func (p *Proxy) bump(c *conn, host string, port uint16) {
 		key: scheme + "://" + addr + " " + c.rec.Source, pool: &h1Client{pool: p.h1, scheme: scheme}}
 	h.fwd = p.reverseProxy(scheme, h.pool)
 	if proto == "h2" {
-		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(client, &http2.ServeConnOpts{
+		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(newH2Conn(client), &http2.ServeConnOpts{
 			Context: p.ctx,
 			Handler: h,
 		})
