@@ -81,21 +81,15 @@ func (c *h2Conn) Write(p []byte) (int, error) {
 	open, reset := c.scan(p)
 	if c.held != nil {
 		c.timer.Stop()
-		if !reset {
+		joined := !reset
+		if joined {
 			*c.held = append(*c.held, p...)
-			_, err := c.Conn.Write(*c.held)
-			c.dropHeld()
-			if err != nil {
-				c.err = err
-				return 0, err
-			}
-			return len(p), nil
 		}
-		_, err := c.Conn.Write(*c.held)
-		c.dropHeld()
-		if err != nil {
-			c.err = err
+		if err := c.sendHeld(); err != nil {
 			return 0, err
+		}
+		if joined {
+			return len(p), nil
 		}
 	}
 	if !open || len(p) > h2HoldBytes || c.closed.Load() {
@@ -115,15 +109,21 @@ func (c *h2Conn) Write(p []byte) (int, error) {
 func (c *h2Conn) release() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.held == nil {
-		return
+	if c.held != nil {
+		c.sendHeld()
 	}
+}
+
+// sendHeld writes the held bytes, unless a write has failed, gives their
+// buffer back and returns the connection's error.
+func (c *h2Conn) sendHeld() error {
 	if c.err == nil {
 		if _, err := c.Conn.Write(*c.held); err != nil {
 			c.err = err
 		}
 	}
 	c.dropHeld()
+	return c.err
 }
 
 // h2HoldBytes is the most a hold keeps: a response's header block, and
