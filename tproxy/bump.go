@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/airlockhq/airlock/internal/nowait"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -50,7 +51,12 @@ type RequestRecord struct {
 // connection was decided for, then method and path against policy) and
 // forwarded upstream by that name.
 func (p *Proxy) bump(c *conn, host string, port uint16) {
-	var client net.Conn = &prefixConn{TCPConn: c.client, r: io.MultiReader(bytes.NewReader(c.peeked), c.client)}
+	raw, err := nowait.NewConn(c.client)
+	if err != nil {
+		p.reset(c, "connection unusable: "+err.Error())
+		return
+	}
+	var client net.Conn = &prefixConn{Conn: raw, r: io.MultiReader(bytes.NewReader(c.peeked), raw)}
 	hello := c.hello
 	// The reader above has the bytes; a connection held open for hours
 	// keeps nothing else of them.
@@ -523,9 +529,10 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// prefixConn replays the peeked bytes before the rest of the connection.
+// prefixConn replays the peeked bytes before the rest of the connection,
+// which it reads and writes with raw calls (see nowait.Conn).
 type prefixConn struct {
-	*net.TCPConn
+	*nowait.Conn
 	r io.Reader
 }
 

@@ -20,6 +20,8 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
+
+	"github.com/airlockhq/airlock/internal/nowait"
 )
 
 // h1Pool holds the proxy's HTTP/1.1 connections to upstreams for
@@ -163,8 +165,9 @@ func (u *h1Upstream) quiet() bool {
 // is none yet (EAGAIN), not when there is one or the upstream has closed.
 func (u *h1Upstream) peek(fd uintptr) bool {
 	var b [1]byte
-	// recvfrom without an address: unix.Recvfrom would allocate one.
-	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	// recvfrom without an address (unix.Recvfrom would allocate one), and
+	// raw: MSG_DONTWAIT never waits (see package nowait).
+	n, _, errno := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	u.quietNow = int(n) <= 0 && errno == unix.EAGAIN
 	return true
 }
@@ -376,9 +379,16 @@ func (l *h1Pool) dial(ctx context.Context, key, scheme, addr, host string) (*h1U
 	if err != nil {
 		return nil, err
 	}
-	raw, err := c.(*net.TCPConn).SyscallConn()
+	tcp := c.(*net.TCPConn)
+	raw, err := tcp.SyscallConn()
 	if err != nil {
 		c.Close()
+		return nil, err
+	}
+	// Reads and writes are raw calls, as on the client's side (see
+	// nowait.Conn).
+	if c, err = nowait.NewConn(tcp); err != nil {
+		tcp.Close()
 		return nil, err
 	}
 	if scheme == "https" {
