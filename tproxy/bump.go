@@ -19,7 +19,6 @@ import (
 
 	"golang.org/x/net/http2"
 
-	"github.com/airlockhq/airlock/internal/nowait"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -51,12 +50,7 @@ type RequestRecord struct {
 // connection was decided for, then method and path against policy) and
 // forwarded upstream by that name.
 func (p *Proxy) bump(c *conn, host string, port uint16) {
-	raw, err := nowait.NewConn(c.client)
-	if err != nil {
-		p.reset(c, "connection unusable: "+err.Error())
-		return
-	}
-	var client net.Conn = &prefixConn{Conn: raw, r: io.MultiReader(bytes.NewReader(c.peeked), raw)}
+	var client net.Conn = &prefixConn{TCPConn: c.client, r: io.MultiReader(bytes.NewReader(c.peeked), c.client)}
 	hello := c.hello
 	// The reader above has the bytes; a connection held open for hours
 	// keeps nothing else of them.
@@ -529,10 +523,9 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// prefixConn replays the peeked bytes before the rest of the connection,
-// which it reads and writes with raw calls (see nowait.Conn).
+// prefixConn replays the peeked bytes before the rest of the connection.
 type prefixConn struct {
-	*nowait.Conn
+	*net.TCPConn
 	r io.Reader
 }
 

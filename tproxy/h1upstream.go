@@ -20,8 +20,6 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
-
-	"github.com/airlockhq/airlock/internal/nowait"
 )
 
 // h1Pool holds the proxy's HTTP/1.1 connections to upstreams for
@@ -379,16 +377,9 @@ func (l *h1Pool) dial(ctx context.Context, key, scheme, addr, host string) (*h1U
 	if err != nil {
 		return nil, err
 	}
-	tcp := c.(*net.TCPConn)
-	raw, err := tcp.SyscallConn()
+	raw, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		c.Close()
-		return nil, err
-	}
-	// Reads and writes are raw calls, as on the client's side (see
-	// nowait.Conn).
-	if c, err = nowait.NewConn(tcp); err != nil {
-		tcp.Close()
 		return nil, err
 	}
 	if scheme == "https" {

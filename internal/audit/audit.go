@@ -102,7 +102,6 @@ type Journal struct {
 	mu   sync.Mutex
 	seq  uint64
 	f    *os.File
-	w    *fileWriter // writes f
 	size int64
 	err  error // the last write error, reported once
 	// Records are written through, so that a kill -9 loses none, but
@@ -172,10 +171,6 @@ func (j *Journal) openCurrent() error {
 		f.Close()
 		return fmt.Errorf("audit: %w", err)
 	}
-	if j.w == nil {
-		j.w = newFileWriter()
-	}
-	j.w.use(f)
 	j.f, j.size = f, fi.Size()
 	return nil
 }
@@ -245,12 +240,12 @@ const maxSpare = 256 << 10
 // records of a file closed meanwhile (a rotation that could not open the
 // next one) are dropped, as records are while it stays closed.
 func (j *Journal) writeLocked() {
-	b, last, w := j.buf, j.seq, j.w
+	b, last, f := j.buf, j.seq, j.f
 	j.buf, j.spare = j.spare[:0], nil
-	if j.f != nil && len(b) > 0 {
+	if f != nil && len(b) > 0 {
 		j.writing = true
 		j.mu.Unlock()
-		n, err := w.write(b)
+		n, err := f.Write(b)
 		j.mu.Lock()
 		j.writing = false
 		j.writes++

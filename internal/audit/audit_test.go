@@ -198,7 +198,6 @@ func TestJournalReportsAWriteErrorOnce(t *testing.T) {
 			j.mu.Lock()
 			j.f.Close()
 			j.f = ro // writes fail: not open for writing
-			j.w.use(ro)
 			if rotate {
 				j.size = j.cfg.MaxFileBytes
 			}
@@ -242,7 +241,6 @@ func TestJournalGroupsWritesInFlight(t *testing.T) {
 	j.mu.Lock()
 	j.f.Close()
 	j.f = pw
-	j.w.use(pw)
 	j.mu.Unlock()
 	const n = 10
 	var returned sync.WaitGroup

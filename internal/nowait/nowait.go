@@ -13,12 +13,11 @@
 //
 // Only a call that returns at once may be made here: the descriptor must be
 // non-blocking (the runtime's poller does the waiting, through a
-// syscall.RawConn), or a regular file whose writes go to the page cache
-// and whose caller falls back to an ordinary write when one did wait (the
-// audit journal: a write to the page cache waits only when the kernel
-// throttles writers). Every such call on a path must be raw for sysmon to
-// stay asleep: one ordinary call per request (the journal's write, a peek)
-// wakes it as surely as all of them do. A raw call holds
+// syscall.RawConn) and the call one that does no disk I/O. A write to a
+// regular file is not one: it usually returns at once, but a frozen or
+// throttled filesystem can hold it for seconds, and a raw call that waits
+// stops the whole program at the next garbage collection, so the audit
+// journal writes through the scheduler. A raw call holds
 // its processor, and a stop of the world waits for it, until it returns: a
 // splice that hands a full 1 MiB pipe to a socket over a veth runs the
 // receiver's network stack too, and took up to a few milliseconds on a
@@ -31,7 +30,6 @@
 package nowait
 
 import (
-	"io"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -62,28 +60,6 @@ func Read(fd int, b []byte) (int, error) {
 			return result(r, e)
 		}
 	}
-}
-
-// Write writes all of b to fd, as one call when the descriptor takes it
-// all, and returns how much it wrote: on a non-blocking socket whose
-// buffer fills, that much and EAGAIN. To a regular file it is a copy into
-// the page cache, which returns at once unless the kernel throttles
-// writers (a disk far behind, memory short): see the package comment.
-func Write(fd int, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[n])), uintptr(len(b)-n))
-		switch {
-		case e == unix.EINTR:
-			continue
-		case e != 0:
-			return n, e
-		case r == 0:
-			return n, io.ErrShortWrite
-		}
-		n += int(r)
-	}
-	return n, nil
 }
 
 // Recvmmsg reads datagrams into msgs from the non-blocking socket fd and

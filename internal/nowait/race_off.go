@@ -1,6 +1,0 @@
-//go:build !race
-
-package nowait
-
-func raceWrite([]byte, int) {}
-func raceRead([]byte)       {}
