@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/sysmon"
 	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/internal/testworld"
 )
@@ -146,4 +148,28 @@ func pgrep(pattern string) string {
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	testenv.WaitFor(t, 10*time.Second, "the members and their links", cond)
+}
+
+// airlockd runs with the runtime's monitor thread kept out of its deep
+// sleep (package sysmon): it started itself again in place, same process
+// and arguments, with the setting in GODEBUG.
+func TestDaemonRunsWithSysmonSetting(t *testing.T) {
+	_, cfg, d := setup(t)
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", d.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var godebug []string
+	for kv := range strings.SplitSeq(string(environ), "\x00") {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			godebug = append(godebug, v)
+		}
+	}
+	if want := sysmon.Setting; len(godebug) != 1 || godebug[0] != want {
+		t.Errorf("airlockd's GODEBUG: %q, want %q", godebug, want)
+	}
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", d.Pid()))
+	if args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00"); !slices.Contains(args, cfg) || !strings.HasSuffix(args[0], "airlockd") {
+		t.Errorf("airlockd's arguments after starting again: %q", args)
+	}
 }

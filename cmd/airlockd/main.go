@@ -20,12 +20,19 @@ import (
 	"github.com/airlockhq/airlock/internal/config"
 	"github.com/airlockhq/airlock/internal/logging"
 	"github.com/airlockhq/airlock/internal/supervisor"
+	"github.com/airlockhq/airlock/internal/sysmon"
 	"github.com/airlockhq/airlock/netns"
 )
 
 func main() {
 	if netns.IsMemberInit() {
 		netns.MemberInit() // a session member's init (sessions without Docker); never returns
+	}
+	// Start again with the runtime's monitor thread kept out of its deep
+	// sleep (see package sysmon); returns only when already so, or when it
+	// cannot.
+	if err := sysmon.Setup(); err != nil {
+		fmt.Fprintf(os.Stderr, "airlockd: the runtime's scheduler monitor keeps its default: %v\n", err)
 	}
 	os.Exit(run())
 }

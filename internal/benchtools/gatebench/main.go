@@ -3,7 +3,8 @@
 // fwd.test are allowed and forwarded to a fake upstream it also runs (TXT
 // records t0..t999.fwd.test). The exfiltration guard's cap is lifted so the
 // forwarded set does not trip it. -rules pads the policy to that many rules;
-// -journal records every query as airlockd does. It runs until SIGINT or
+// -journal records every query as airlockd does. The gate runs with
+// airlockd's runtime setting (package sysmon). It runs until SIGINT or
 // SIGTERM.
 package main
 
@@ -21,6 +22,7 @@ import (
 	"github.com/airlockhq/airlock/dnsgate"
 	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
 	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/internal/sysmon"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -32,6 +34,12 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	journal := flag.String("journal", "", "record every query in an audit journal in this directory, as airlockd does (empty: none)")
 	flag.Parse()
+	if !*noGate {
+		// As airlockd runs (package sysmon).
+		if err := sysmon.Setup(); err != nil {
+			fmt.Fprintf(os.Stderr, "gatebench: the runtime's scheduler monitor keeps its default: %v\n", err)
+		}
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
