@@ -151,8 +151,8 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 // airlockd runs with the runtime's monitor thread kept out of its deep
-// sleep (package sysmon): it started itself again in place, same process
-// and arguments, with the setting in GODEBUG.
+// sleep (package sysmon): it started itself again in place, same process,
+// arguments and name, with the setting in GODEBUG.
 func TestDaemonRunsWithSysmonSetting(t *testing.T) {
 	_, cfg, d := setup(t)
 	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", d.Pid()))
@@ -165,11 +165,22 @@ func TestDaemonRunsWithSysmonSetting(t *testing.T) {
 			godebug = append(godebug, v)
 		}
 	}
-	if want := sysmon.Setting; len(godebug) != 1 || godebug[0] != want {
+	// airlockd has the test's environment, whose GODEBUG it extends.
+	want := sysmon.Setting
+	if g := os.Getenv("GODEBUG"); strings.Contains(g, "schedtrace=") {
+		want = g
+	} else if g != "" {
+		want = g + "," + sysmon.Setting
+	}
+	if len(godebug) != 1 || godebug[0] != want {
 		t.Errorf("airlockd's GODEBUG: %q, want %q", godebug, want)
 	}
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", d.Pid()))
 	if args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00"); !slices.Contains(args, cfg) || !strings.HasSuffix(args[0], "airlockd") {
 		t.Errorf("airlockd's arguments after starting again: %q", args)
+	}
+	// The name ps, pgrep and the journal show.
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", d.Pid())); strings.TrimSpace(string(comm)) != "airlockd" {
+		t.Errorf("airlockd's process name after starting again: %q", comm)
 	}
 }

@@ -18,16 +18,20 @@
 // airlockd).
 //
 // GODEBUG is read once, when the program starts, so Setup starts the
-// program again in place with the setting. Its price: schedtrace's trace
-// line ("SCHED ...") is printed to standard error every 24.8 days (the
-// longest interval it takes), at start on a host up for longer than that,
-// and the runtime dumps the scheduler's state on a fatal error.
-// GODEBUG=schedtrace=0 in airlockd's environment keeps the runtime's
-// default.
+// program again in place with the setting. Its price, besides the idle
+// wake-ups: schedtrace's trace line ("SCHED ...") is printed to standard
+// error every 24.8 days (the longest interval it takes), and at start on a
+// host up for longer than that; a fatal error (an unrecovered panic) first
+// prints the scheduler's state, a line per goroutine, before its message;
+// and the one fatal error the runtime raises while holding its scheduler
+// lock (more than 10,000 threads) then hangs instead of exiting, until a
+// watchdog kills the process. GODEBUG=schedtrace=0 in the environment keeps
+// the runtime's default.
 package sysmon
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -36,37 +40,74 @@ import (
 // in milliseconds.
 const Setting = "schedtrace=2147483647"
 
-// Setup starts the program again (execve of /proc/self/exe, the same
-// process with the same arguments) with Setting added to GODEBUG, unless
+// Setup starts the program again (execve of its own file: the same
+// process, arguments and name) with Setting added to GODEBUG, unless
 // GODEBUG already sets schedtrace. It returns nil when there is nothing to
 // do, and the reason when the program could not be started again, which
 // then runs on as before, only with the runtime's default.
 func Setup() error {
-	godebug, set := os.LookupEnv("GODEBUG")
-	if setsSchedtrace(godebug) {
+	env, ok := withSetting(os.Environ())
+	if !ok {
 		return nil
 	}
-	v := Setting
-	if set && godebug != "" {
-		v = godebug + "," + Setting
-	}
-	env := os.Environ()
-	for i := 0; i < len(env); i++ {
-		if strings.HasPrefix(env[i], "GODEBUG=") {
-			env = append(env[:i], env[i+1:]...)
-			i--
-		}
-	}
-	return syscall.Exec("/proc/self/exe", os.Args, append(env, "GODEBUG="+v))
+	return syscall.Exec(self(), os.Args, env)
 }
 
-// setsSchedtrace reports whether the GODEBUG value godebug sets
-// schedtrace, to anything.
+// withSetting returns env with Setting added at the end of its GODEBUG,
+// which the runtime applies last; only the first GODEBUG entry counts, as
+// for the runtime, and the others are dropped. It returns false when that
+// GODEBUG sets schedtrace already.
+func withSetting(env []string) ([]string, bool) {
+	godebug, found := "", false
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			if !found {
+				godebug, found = v, true
+			}
+			continue
+		}
+		out = append(out, kv)
+	}
+	if setsSchedtrace(godebug) {
+		return env, false
+	}
+	v := Setting
+	if godebug != "" {
+		v = godebug + "," + Setting
+	}
+	return append(out, "GODEBUG="+v), true
+}
+
+// setsSchedtrace reports whether the runtime, reading the GODEBUG value
+// godebug, sets schedtrace: as it parses, a comma-separated field whose
+// key is exactly "schedtrace" and whose value is an int32 (one that is not
+// is ignored).
 func setsSchedtrace(godebug string) bool {
-	for kv := range strings.SplitSeq(godebug, ",") {
-		if k, _, ok := strings.Cut(kv, "="); ok && strings.TrimSpace(k) == "schedtrace" {
-			return true
+	for field := range strings.SplitSeq(godebug, ",") {
+		if v, ok := strings.CutPrefix(field, "schedtrace="); ok {
+			if _, err := strconv.ParseInt(v, 10, 32); err == nil {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// self is the file to start again: the program's own path, since the
+// kernel names a process after the path execve is given (/proc/self/exe
+// would make it "exe" for ps, pgrep and the journal), unless that path no
+// longer holds this program (replaced or removed since it started); then
+// /proc/self/exe, which still does.
+func self() string {
+	const proc = "/proc/self/exe"
+	p, err := os.Executable()
+	if err != nil {
+		return proc
+	}
+	var a, b syscall.Stat_t
+	if syscall.Stat(p, &a) != nil || syscall.Stat(proc, &b) != nil || a.Dev != b.Dev || a.Ino != b.Ino {
+		return proc
+	}
+	return p
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,7 +21,17 @@ func TestMain(m *testing.M) {
 	switch os.Getenv("SYSMON_HELPER") {
 	case "setup":
 		err := Setup()
-		fmt.Printf("GODEBUG=%q args=%q err=%v\n", os.Getenv("GODEBUG"), os.Args[1:], err)
+		// What the kernel gave the process, not what os.Setenv may
+		// have changed since.
+		environ, _ := os.ReadFile("/proc/self/environ")
+		var godebug []string
+		for kv := range strings.SplitSeq(string(environ), "\x00") {
+			if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+				godebug = append(godebug, v)
+			}
+		}
+		comm, _ := os.ReadFile("/proc/self/comm")
+		fmt.Printf("GODEBUG=%q args=%q name=%q err=%v\n", godebug, os.Args, strings.TrimSpace(string(comm)), err)
 		os.Exit(0)
 	case "idle":
 		idleThenCall()
@@ -47,7 +58,13 @@ func helper(t testing.TB, mode string, env []string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// Setup starts the test binary again as the same program (its arguments
+// and its name), with the setting in the environment the kernel hands it,
+// and only when GODEBUG does not set schedtrace already.
 func TestSetupStartsTheProgramAgainWithTheSetting(t *testing.T) {
+	args := []string{os.Args[0], "-test.run=^$", "an argument", ""}
+	name := filepath.Base(os.Args[0])
+	name = name[:min(len(name), 15)] // the kernel's limit
 	for _, c := range []struct {
 		name string
 		env  []string
@@ -56,11 +73,12 @@ func TestSetupStartsTheProgramAgainWithTheSetting(t *testing.T) {
 		{"no GODEBUG", nil, Setting},
 		{"empty GODEBUG", []string{"GODEBUG="}, Setting},
 		{"other settings kept", []string{"GODEBUG=madvdontneed=1,gctrace=0"}, "madvdontneed=1,gctrace=0," + Setting},
-		{"the user's own schedtrace kept", []string{"GODEBUG=gctrace=0, schedtrace=0"}, "gctrace=0, schedtrace=0"},
+		{"the user's own schedtrace kept", []string{"GODEBUG=gctrace=0,schedtrace=0"}, "gctrace=0,schedtrace=0"},
+		{"a schedtrace the runtime ignores", []string{"GODEBUG=schedtrace=abc"}, "schedtrace=abc," + Setting},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := helper(t, "setup", c.env, "-test.run=^$", "an argument", "")
-			want := fmt.Sprintf("GODEBUG=%q args=%q err=<nil>", c.want, []string{"-test.run=^$", "an argument", ""})
+			got := helper(t, "setup", c.env, args[1:]...)
+			want := fmt.Sprintf("GODEBUG=%q args=%q name=%q err=<nil>", []string{c.want}, args, name)
 			if got != want {
 				t.Errorf("after Setup:\n got %s\nwant %s", got, want)
 			}
@@ -68,10 +86,36 @@ func TestSetupStartsTheProgramAgainWithTheSetting(t *testing.T) {
 	}
 }
 
+// withSetting keeps the first GODEBUG, as the runtime reads it, and drops
+// the others; it leaves an environment alone whose GODEBUG sets schedtrace.
+func TestWithSetting(t *testing.T) {
+	for _, c := range []struct {
+		env  []string
+		want []string
+		ok   bool
+	}{
+		{[]string{"A=1"}, []string{"A=1", "GODEBUG=" + Setting}, true},
+		{[]string{"GODEBUG=a=1", "B=2", "GODEBUG=schedtrace=0"}, []string{"B=2", "GODEBUG=a=1," + Setting}, true},
+		{[]string{"GODEBUG=schedtrace=0", "GODEBUG=a=1"}, []string{"GODEBUG=schedtrace=0", "GODEBUG=a=1"}, false},
+		{[]string{"GODEBUGX=schedtrace=1"}, []string{"GODEBUGX=schedtrace=1", "GODEBUG=" + Setting}, true},
+	} {
+		got, ok := withSetting(c.env)
+		if ok != c.ok || !slices.Equal(got, c.want) {
+			t.Errorf("withSetting(%q) = %q, %v; want %q, %v", c.env, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// setsSchedtrace reads GODEBUG as the runtime's parser does: fields split
+// at commas, the key exactly "schedtrace", the value an int32 (any other
+// value is ignored, and so is the field).
 func TestSetsSchedtrace(t *testing.T) {
 	for s, want := range map[string]bool{
-		"": false, "schedtrace=1": true, "a=1,schedtrace=0": true, " schedtrace =5": true,
-		"schedtracex=1": false, "xschedtrace=1": false, "scheddetail=1": false, "schedtrace": false,
+		"": false, "schedtrace=1": true, "a=1,schedtrace=0": true, "schedtrace=-1": true, "schedtrace=+7": true,
+		"schedtrace=abc,schedtrace=3": true, "schedtrace=2147483647": true,
+		" schedtrace=1": false, "schedtrace =1": false, "schedtrace=1 ": false, "schedtrace=": false,
+		"schedtrace=abc": false, "schedtrace=2147483648": false, "schedtracex=1": false, "xschedtrace=1": false,
+		"scheddetail=1": false, "schedtrace": false,
 	} {
 		if got := setsSchedtrace(s); got != want {
 			t.Errorf("setsSchedtrace(%q) = %v, want %v", s, got, want)
