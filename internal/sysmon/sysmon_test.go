@@ -40,10 +40,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// helper runs the test binary as the helper named mode, with env added and
-// GODEBUG removed unless env sets it.
-func helper(t testing.TB, mode string, env []string, args ...string) string {
-	t.Helper()
+// helperCmd is the test binary as the helper named mode, with env added
+// and GODEBUG removed unless env sets it.
+func helperCmd(mode string, env []string, args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GODEBUG=") {
@@ -51,6 +50,13 @@ func helper(t testing.TB, mode string, env []string, args ...string) string {
 		}
 	}
 	cmd.Env = append(cmd.Env, append([]string{"SYSMON_HELPER=" + mode}, env...)...)
+	return cmd
+}
+
+// helper runs helperCmd and returns its output.
+func helper(t testing.TB, mode string, env []string, args ...string) string {
+	t.Helper()
+	cmd := helperCmd(mode, env, args...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v: %v: %s", cmd, err, out)
@@ -169,13 +175,7 @@ func BenchmarkSyscallAfterIdle(b *testing.B) {
 // idleRounds runs idleThenCall in a helper with GODEBUG=godebug, sends it
 // its datagrams and returns what it printed.
 func idleRounds(b *testing.B, godebug string) float64 {
-	cmd := exec.Command(os.Args[0])
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GODEBUG=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, "SYSMON_HELPER=idle", "GODEBUG="+godebug)
+	cmd := helperCmd("idle", []string{"GODEBUG=" + godebug})
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		b.Fatal(err)
