@@ -12,12 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/ring"
@@ -91,6 +93,13 @@ type Config struct {
 	MaxFileBytes int64
 	// MaxFiles is how many rotated files are kept; 0 means 8.
 	MaxFiles int
+	// MaxPendingBytes bounds the records kept in memory for the file while
+	// it cannot be written; 0 means 16 MiB. Records past it are dropped
+	// from the file (they stay in memory) and counted.
+	MaxPendingBytes int
+	// Logger is told when the file cannot be written and when it can
+	// again; nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // Journal is one sandbox's history. It is safe for concurrent use.
@@ -101,9 +110,8 @@ type Journal struct {
 	// mu guards the following fields.
 	mu   sync.Mutex
 	seq  uint64
-	f    *os.File
+	f    *os.File // nil while no file is open (a rotation that could not open the next)
 	size int64
-	err  error // the last write error, reported once
 	// Records are written through, so that a kill -9 loses none, but
 	// not one write(2) each: Add encodes its record into buf and waits
 	// until a write that covers it has returned. Whichever Add finds no
@@ -115,8 +123,18 @@ type Journal struct {
 	spare   []byte     // the buffer last written, reused as the next buf
 	writing bool       // a write is in flight
 	written uint64     // every record up to this seq has been written, or dropped
+	tried   uint64     // the last write tried every record up to this seq
 	wrote   *sync.Cond // on mu, broadcast when a write returns
 	writes  uint64     // write(2) calls made, for benchmarks
+
+	// A write that fails keeps what it could not write at the head of buf
+	// for the next one, so records reach the file in order and whole once
+	// it can be written again. Until then failed holds why.
+	failed      error
+	failedSince time.Time
+	dropped     uint64      // records left out of the file since failed was set: buf was full
+	failing     atomic.Bool // failed != nil, read without mu
+	closed      bool        // by Close: records stay in memory only
 }
 
 const currentFile = "current.jsonl"
@@ -135,6 +153,12 @@ func Open(cfg Config) (*Journal, error) {
 	}
 	if cfg.MaxFiles == 0 {
 		cfg.MaxFiles = 8
+	}
+	if cfg.MaxPendingBytes == 0 {
+		cfg.MaxPendingBytes = 16 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
@@ -177,8 +201,9 @@ func (j *Journal) openCurrent() error {
 
 // Add numbers an entry, keeps it in memory, hands it to subscribers and
 // appends it to the file (in the kernel when Add returns, so it survives
-// the process dying). A failing disk does not stop the sandbox: the error
-// is returned once, by Flush.
+// the process dying). When the file cannot be written the record waits in
+// memory for the next write, and Err says why: callers that answer a
+// member check it and refuse what they could not record.
 func (j *Journal) Add(e Entry) Entry {
 	return j.add(e, true)
 }
@@ -194,40 +219,70 @@ func (j *Journal) AddHeld(e Entry) Entry {
 }
 
 // Commit writes every entry added so far (AddHeld's too): in the kernel
-// when Commit returns.
+// when Commit returns, unless Err then reports why not.
 func (j *Journal) Commit() {
 	j.mu.Lock()
 	j.commitLocked(j.seq)
 	j.mu.Unlock()
 }
 
+// Err returns why records are not reaching the file: the error of the
+// last write, until a write succeeds. Records added meanwhile wait in
+// memory and go to the file, in order, with the first write that succeeds
+// (each Add and Commit tries one); past MaxPendingBytes they are left out
+// of the file, leaving a gap in its sequence numbers. Err costs no lock
+// while the file is written.
+func (j *Journal) Err() error {
+	if !j.failing.Load() {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.failed
+}
+
 func (j *Journal) add(e Entry, commit bool) Entry {
 	j.mu.Lock()
+	if !j.closed && j.failed != nil && len(j.buf) >= j.cfg.MaxPendingBytes && !j.writing {
+		// Room, if the file takes what waits now. (Before e is numbered: a
+		// write covers every record numbered when it starts.)
+		j.writeLocked()
+	}
 	j.seq++
 	e.Seq = j.seq
 	if e.Time.IsZero() {
 		e.Time = time.Now()
 	}
-	if j.f != nil {
+	switch {
+	case j.closed:
+	case j.failed != nil && len(j.buf) >= j.cfg.MaxPendingBytes:
+		j.dropped++
+	default:
 		j.buf = appendEntry(j.buf, &e)
 		j.buf = append(j.buf, '\n')
-		if commit {
-			j.commitLocked(e.Seq)
-		}
+	}
+	if commit {
+		j.commitLocked(e.Seq)
 	}
 	j.mu.Unlock()
 	j.ring.Add(e)
 	return e
 }
 
-// commitLocked returns once every entry up to seq is written (or the
-// file is closed): it waits for a write in flight or writes itself.
+// commitLocked returns once every entry up to seq is written (or left
+// out), or a write that tried them failed: it waits for a write in flight
+// that covers them, or tries one itself.
 func (j *Journal) commitLocked(seq uint64) {
-	for j.f != nil && j.written < seq {
+	for !j.closed && j.written < seq {
 		if j.writing {
 			j.wrote.Wait()
-		} else {
-			j.writeLocked()
+			if j.failed != nil && j.tried >= seq {
+				return // tried, and failed: Err says why
+			}
+			continue
+		}
+		if j.writeLocked(); j.failed != nil {
+			return
 		}
 	}
 }
@@ -236,36 +291,79 @@ func (j *Journal) commitLocked(seq uint64) {
 const maxSpare = 256 << 10
 
 // writeLocked writes what buf holds, every record up to j.seq, with mu
-// released during the write, and rotates the file past MaxFileBytes. The
-// records of a file closed meanwhile (a rotation that could not open the
-// next one) are dropped, as records are while it stays closed.
+// released during the write, and rotates the file past MaxFileBytes.
+// Whatever a failed write left unwritten stays at the head of buf.
 func (j *Journal) writeLocked() {
-	b, last, f := j.buf, j.seq, j.f
+	b, last := j.buf, j.seq
 	j.buf, j.spare = j.spare[:0], nil
-	if f != nil && len(b) > 0 {
+	var n int
+	var err error
+	if j.f == nil {
+		err = j.openCurrent()
+	}
+	if f := j.f; f != nil && len(b) > 0 {
 		j.writing = true
 		j.mu.Unlock()
-		n, err := f.Write(b)
+		n, err = f.Write(b)
 		j.mu.Lock()
 		j.writing = false
 		j.writes++
 		j.size += int64(n)
-		if err != nil && j.err == nil {
-			j.err = err
+	}
+	j.tried = last
+	if err != nil {
+		// What came meanwhile goes after what is left: the file gets every
+		// record in order, and a record cut short is finished first.
+		rest := b[:copy(b, b[n:])]
+		j.spare = j.buf[:0]
+		j.buf = append(rest, j.buf...)
+		// Opened again by the next write: a file deleted or replaced
+		// meanwhile is followed.
+		if j.f != nil {
+			j.f.Close()
+			j.f = nil
 		}
+		j.fail(err)
+		j.wrote.Broadcast()
+		return
 	}
 	if cap(b) <= maxSpare {
 		j.spare = b[:0]
 	}
 	j.written = last
-	if j.f != nil && j.size >= j.cfg.MaxFileBytes {
+	if j.failed != nil {
+		j.recovered()
+	}
+	if j.size >= j.cfg.MaxFileBytes {
 		j.rotateLocked()
 	}
 	j.wrote.Broadcast()
 }
 
-// Flush syncs the file to disk and returns the first write error since
-// the last Flush.
+// fail records that the file cannot be written, and says so once.
+func (j *Journal) fail(err error) {
+	if j.failed == nil {
+		j.failedSince = time.Now()
+		j.cfg.Logger.Error("audit: records cannot be written to the journal: its sandbox's traffic is refused until they can",
+			"dir", j.cfg.Dir, "err", err)
+	}
+	j.failed = err
+	j.failing.Store(true)
+}
+
+// recovered records that a write succeeded after failed ones.
+func (j *Journal) recovered() {
+	attrs := []any{"dir", j.cfg.Dir, "failed_for", time.Since(j.failedSince).Round(time.Millisecond)}
+	if j.dropped > 0 {
+		attrs = append(attrs, "records_left_out", j.dropped)
+	}
+	j.cfg.Logger.Warn("audit: the journal is written again", attrs...)
+	j.failed, j.dropped = nil, 0
+	j.failing.Store(false)
+}
+
+// Flush syncs the file to disk. It returns the sync's error, or why
+// records are not reaching the file (Err).
 func (j *Journal) Flush() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -274,29 +372,34 @@ func (j *Journal) Flush() error {
 
 func (j *Journal) flushLocked() error {
 	if j.f != nil {
-		if err := j.f.Sync(); err != nil && j.err == nil {
-			j.err = err
+		if err := j.f.Sync(); err != nil {
+			return fmt.Errorf("audit: %w", err)
 		}
 	}
-	err := j.err
-	j.err = nil
-	return err
+	return j.failed
 }
 
 // rotateLocked renames the current file to one named after its last
 // sequence number and drops the oldest beyond MaxFiles. No write is in
-// flight. A write error not yet reported stays for Flush to report.
+// flight. When the next file cannot be opened, the next write tries again.
 func (j *Journal) rotateLocked() {
-	j.err = j.flushLocked()
+	if err := j.f.Sync(); err != nil {
+		j.cfg.Logger.Error("audit: sync before rotation", "dir", j.cfg.Dir, "err", err)
+	}
 	j.f.Close()
-	os.Rename(filepath.Join(j.cfg.Dir, currentFile), filepath.Join(j.cfg.Dir, fmt.Sprintf("%020d.jsonl", j.written)))
+	j.f = nil
+	if err := os.Rename(filepath.Join(j.cfg.Dir, currentFile), filepath.Join(j.cfg.Dir, fmt.Sprintf("%020d.jsonl", j.written))); err != nil {
+		// The current file goes on growing; the next write past the size
+		// tries again.
+		j.cfg.Logger.Error("audit: rotation", "dir", j.cfg.Dir, "err", err)
+	}
 	old := j.rotated()
 	for len(old) > j.cfg.MaxFiles {
 		os.Remove(filepath.Join(j.cfg.Dir, old[0]))
 		old = old[1:]
 	}
 	if err := j.openCurrent(); err != nil {
-		j.err, j.f = err, nil
+		j.fail(err)
 	}
 }
 
@@ -406,18 +509,26 @@ func (j *Journal) Query(f Filter) []Entry {
 // Subscribe streams entries added from now on.
 func (j *Journal) Subscribe(buf int) *ring.Sub[Entry] { return j.ring.Subscribe(buf) }
 
-// Close writes the records still waiting, flushes and closes the file.
-// It is idempotent.
+// Close writes the records still waiting, flushes and closes the file;
+// it returns an error when records could not be written. Entries added
+// after Close stay in memory only. It is idempotent.
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for j.writing {
 		j.wrote.Wait()
 	}
+	if j.closed {
+		return nil
+	}
 	if j.written < j.seq {
 		j.writeLocked()
 	}
+	j.closed = true
 	err := j.flushLocked()
+	if j.failed != nil {
+		err = fmt.Errorf("audit: %d records not written: %w", j.seq-j.written, j.failed)
+	}
 	if j.f != nil {
 		if cerr := j.f.Close(); err == nil {
 			err = cerr

@@ -3,7 +3,9 @@ package audit
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -13,6 +15,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/airlockhq/airlock/internal/testenv"
+	"golang.org/x/sys/unix"
 )
 
 func TestJournalSurvivesReopenAndReadsPastMemory(t *testing.T) {
@@ -182,45 +187,236 @@ func TestJournalConcurrentAdds(t *testing.T) {
 // TestJournalReportsAWriteErrorOnce: a file that cannot be written does
 // not stop Add, and Flush reports the error once, also when the file was
 // rotated after the failed write.
-func TestJournalReportsAWriteErrorOnce(t *testing.T) {
+// TestJournalKeepsWhatItCouldNotWrite: while the file cannot be written
+// Err says why and every record waits in memory; the first write that
+// succeeds puts them in the file in order, each once, and Err is nil again.
+func TestJournalKeepsWhatItCouldNotWrite(t *testing.T) {
 	for _, rotate := range []bool{false, true} {
-		t.Run(fmt.Sprint("rotated ", rotate), func(t *testing.T) {
+		t.Run(fmt.Sprint("rotating ", rotate), func(t *testing.T) {
 			dir := t.TempDir()
-			j, err := Open(Config{Dir: dir})
+			var log strings.Builder
+			j, err := Open(Config{Dir: dir, Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &log}, nil))})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer j.Close()
-			ro, err := os.Open(filepath.Join(dir, currentFile))
-			if err != nil {
-				t.Fatal(err)
+			j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "before"})
+			if err := j.Err(); err != nil {
+				t.Fatalf("Err before any failure: %v", err)
 			}
-			j.mu.Lock()
-			j.f.Close()
-			j.f = ro // writes fail: not open for writing
-			if rotate {
-				j.size = j.cfg.MaxFileBytes
-			}
-			j.mu.Unlock()
+			mend := breakFile(t, j, rotate)
 			var wg sync.WaitGroup
-			for range 4 {
-				wg.Go(func() { j.Add(Entry{Kind: KindDNS, Sandbox: "sb"}) })
+			for i := range 4 {
+				wg.Go(func() { j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "during" + strconv.Itoa(i)}) })
 			}
 			wg.Wait()
-			if got := j.Query(Filter{}); len(got) != 4 {
-				t.Errorf("%d entries in memory, want 4", len(got))
-			}
-			if rotated, _ := filepath.Glob(filepath.Join(dir, "0*.jsonl")); rotate && len(rotated) == 0 {
-				t.Error("no file rotated")
+			if j.Err() == nil {
+				t.Fatal("Err after failed writes: nil")
 			}
 			if err := j.Flush(); err == nil {
-				t.Error("Flush after failed writes: no error")
+				t.Error("Flush while failing: nil")
 			}
-			if err := j.Flush(); err != nil {
-				t.Errorf("second Flush: %v, want the error reported once", err)
+			if got := j.Query(Filter{}); len(got) != 5 {
+				t.Errorf("%d entries in memory, want 5", len(got))
+			}
+			if n := countLines(t, dir); n != 1 {
+				t.Errorf("%d records on disk while failing, want 1", n)
+			}
+			// The next write opens the file again, and succeeds.
+			mend()
+			j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "after"})
+			if err := j.Err(); err != nil {
+				t.Fatalf("Err after a write succeeded: %v", err)
+			}
+			onDisk := readAll(t, dir)
+			if len(onDisk) != 6 {
+				t.Fatalf("%d records on disk, want 6: %+v", len(onDisk), onDisk)
+			}
+			for i, e := range onDisk {
+				if e.Seq != uint64(i+1) {
+					t.Errorf("record %d on disk has seq %d", i, e.Seq)
+				}
+			}
+			if onDisk[0].Host != "before" || onDisk[5].Host != "after" {
+				t.Errorf("records out of order: %+v", onDisk)
+			}
+			if !strings.Contains(log.String(), "cannot be written") || !strings.Contains(log.String(), "written again") {
+				t.Errorf("log does not say the journal failed and recovered:\n%s", log.String())
 			}
 		})
 	}
+}
+
+// breakFile makes the journal's writes fail until the returned func is
+// called: a directory stands where its file was (open fails, as root too).
+// Rotating, the write that fails is the one after a rotation.
+func breakFile(t *testing.T, j *Journal, rotate bool) (mend func()) {
+	t.Helper()
+	cur := filepath.Join(j.cfg.Dir, currentFile)
+	saved := filepath.Join(j.cfg.Dir, "saved.jsonl")
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if rotate {
+		// The next write rotates; the one after opens a new file.
+		j.size = j.cfg.MaxFileBytes
+		j.writeLocked()
+		if err := os.Rename(cur, saved); err != nil {
+			t.Fatal(err)
+		}
+		return j.blockOpen(t, cur, saved)
+	}
+	j.f.Close()
+	j.f = nil
+	if err := os.Rename(cur, saved); err != nil {
+		t.Fatal(err)
+	}
+	return j.blockOpen(t, cur, saved)
+}
+
+func (j *Journal) blockOpen(t *testing.T, cur, saved string) (mend func()) {
+	if j.f != nil {
+		j.f.Close()
+		j.f = nil
+	}
+	if err := os.Mkdir(cur, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := os.Remove(cur); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(saved, cur); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestJournalLeavesOutPastItsBound: records past MaxPendingBytes while
+// failing stay in memory but not in the file, and a gap in the file's
+// sequence numbers shows where.
+func TestJournalLeavesOutPastItsBound(t *testing.T) {
+	dir := t.TempDir()
+	j, err := Open(Config{Dir: dir, MaxPendingBytes: 1000, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	mend := breakFile(t, j, false)
+	for range 100 {
+		j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "x.example"})
+	}
+	if j.Err() == nil {
+		t.Fatal("Err: nil")
+	}
+	j.mu.Lock()
+	pending, dropped := len(j.buf), j.dropped
+	j.mu.Unlock()
+	if pending > 1000+200 || dropped == 0 {
+		t.Fatalf("pending %d bytes, %d dropped: want at most about 1000 bytes kept and the rest dropped", pending, dropped)
+	}
+	mend()
+	j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "last.example"})
+	if err := j.Err(); err != nil {
+		t.Fatal(err)
+	}
+	onDisk := readAll(t, dir)
+	if uint64(len(onDisk)) != 101-dropped {
+		t.Errorf("%d records on disk, want %d", len(onDisk), 101-dropped)
+	}
+	if last := onDisk[len(onDisk)-1]; last.Seq != 101 || last.Host != "last.example" {
+		t.Errorf("last record on disk: %+v", last)
+	}
+	if got := len(j.Query(Filter{})); got != 101 {
+		t.Errorf("%d entries in memory, want 101", got)
+	}
+}
+
+// TestJournalFullDisk: on a real filesystem that fills up, the journal
+// reports the failure, keeps the records and writes them once there is
+// room again.
+func TestJournalFullDisk(t *testing.T) {
+	testenv.Privileged(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(dir, unix.MNT_DETACH)
+	j, err := Open(Config{Dir: filepath.Join(dir, "audit"), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "before.example"})
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(make([]byte, 128<<10)) // ENOSPC past what is left
+	f.Close()
+	for i := range 50 {
+		j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "during" + strconv.Itoa(i) + ".example", Reason: strings.Repeat("r", 200)})
+	}
+	if err := j.Err(); err == nil || !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("Err on a full disk: %v, want ENOSPC", err)
+	}
+	os.Remove(filler)
+	j.Commit()
+	if err := j.Err(); err != nil {
+		t.Fatalf("Err after room was made: %v", err)
+	}
+	onDisk := readAll(t, filepath.Join(dir, "audit"))
+	if len(onDisk) != 51 {
+		t.Fatalf("%d records on disk, want 51", len(onDisk))
+	}
+	for i, e := range onDisk {
+		if e.Seq != uint64(i+1) {
+			t.Fatalf("record %d on disk has seq %d", i, e.Seq)
+		}
+	}
+}
+
+// readAll returns every record in dir's files, failing the test on a line
+// that does not parse.
+func readAll(t *testing.T, dir string) []Entry {
+	t.Helper()
+	names, _ := filepath.Glob(filepath.Join(dir, "*.jsonl"))
+	sort.Strings(names) // rotated files (digits) sort before current.jsonl
+	var out []Entry
+	for _, name := range names {
+		if fi, err := os.Stat(name); err == nil && fi.IsDir() {
+			continue // breakFile's
+		}
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+			if line == "" {
+				continue
+			}
+			var e Entry
+			if err := json.Unmarshal([]byte(line), &e); err != nil {
+				t.Fatalf("%s: %q: %v", name, line, err)
+			}
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func countLines(t *testing.T, dir string) int { return len(readAll(t, dir)) }
+
+// syncWriter serialises writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (s *syncWriter) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(b)
 }
 
 // TestJournalGroupsWritesInFlight: records added while a write is in
