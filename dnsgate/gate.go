@@ -89,6 +89,11 @@ type Config struct {
 	// for an answer a member got.
 	OnEventHeld func(Event)
 	Commit      func()
+	// Recording, when set, says why events are not being recorded
+	// (audit.Journal.Err); while it returns an error, every answer is
+	// SERVFAIL, checked after the answer's own event: the gate answers
+	// nothing it could not record.
+	Recording func() error
 	// Logger receives one line per decision; nil means slog.Default().
 	Logger *slog.Logger
 	// LogAllowed logs answered queries at info; false logs them at debug,
@@ -273,6 +278,10 @@ func (g *Gate) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	resp := g.answer(req, remoteAddr(w))
 	if resp == nil {
 		return
+	}
+	if _, batched := w.(*udpReplies); !batched && g.unrecorded() {
+		// (A batch's replies are checked when they are sent.)
+		resp = servfail(req)
 	}
 	if _, ok := w.RemoteAddr().(*net.UDPAddr); ok {
 		size := dns.MinMsgSize
@@ -505,6 +514,19 @@ func (g *Gate) source(addr netip.Addr) string {
 }
 
 func (g *Gate) emit(ev Event) { g.emitTo(ev, g.cfg.OnEvent) }
+
+// unrecorded reports that events are not being recorded (Config.Recording).
+func (g *Gate) unrecorded() bool {
+	return g.cfg.Recording != nil && g.cfg.Recording() != nil
+}
+
+// servfail is the SERVFAIL answer to req.
+func servfail(req *dns.Msg) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.SetRcode(req, dns.RcodeServerFailure)
+	resp.RecursionAvailable = true
+	return resp
+}
 
 // emitHeld emits the event of a query answered in a read of datagrams,
 // held when the config holds events: out commits them before it sends.

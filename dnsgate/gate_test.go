@@ -2,6 +2,7 @@ package dnsgate
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -708,4 +710,89 @@ func TestGateCommitsHeldEventsBeforeAnswering(t *testing.T) {
 	if events != 2 || held != 4 {
 		t.Errorf("events: %d to OnEvent, %d held; want 2 and 4", events, held)
 	}
+}
+
+// TestGateAnswersNothingItCannotRecord: while Recording reports that
+// events are not recorded, every answer is SERVFAIL with no records in
+// it, whichever path answers (fast fake-IP and denied answers in a batch,
+// a forwarded TXT, TCP); once it reports none, answers are as before.
+func TestGateAnswersNothingItCannotRecord(t *testing.T) {
+	var failing atomic.Bool
+	w := newWorldWith(t, GuardConfig{}, func(c *Config) {
+		c.OnEventHeld = func(Event) {}
+		c.Commit = func() {}
+		c.Recording = func() error {
+			if failing.Load() {
+				return errors.New("disk full")
+			}
+			return nil
+		}
+	}, "allowed.test", "deny pastebin.com")
+	type q struct {
+		netw, name string
+		qtype      uint16
+	}
+	queries := []q{
+		{"udp", "allowed.test.", dns.TypeA}, {"udp", "allowed.test.", dns.TypeAAAA},
+		{"udp", "pastebin.com.", dns.TypeA}, {"udp", "unknown.test.", dns.TypeA},
+		{"udp", "allowed.test.", dns.TypeTXT}, {"udp", "allowed.test.", dns.TypeHTTPS},
+		{"tcp", "allowed.test.", dns.TypeA}, {"tcp", "pastebin.com.", dns.TypeA},
+	}
+	failing.Store(true)
+	for _, q := range queries {
+		r := w.query(t, q.netw, q.name, q.qtype)
+		if r.Rcode != dns.RcodeServerFailure || len(r.Answer)+len(r.Ns)+len(r.Extra) != 0 ||
+			len(r.Question) != 1 || r.Question[0].Name != q.name || r.Question[0].Qtype != q.qtype {
+			t.Errorf("%s %s over %s while not recording: %v", q.name, dns.Type(q.qtype), q.netw, r)
+		}
+	}
+	failing.Store(false)
+	if r := w.query(t, "udp", "allowed.test.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+		t.Errorf("allowed.test A once recording again: %v", r)
+	}
+	if r := w.query(t, "udp", "pastebin.com.", dns.TypeA); r.Rcode != dns.RcodeNameError {
+		t.Errorf("pastebin.com A once recording again: %v", r)
+	}
+}
+
+// FuzzServfailWire: any bytes, made SERVFAIL, do not panic and never grow;
+// a reply the gate packs becomes a SERVFAIL for its question alone.
+func FuzzServfailWire(f *testing.F) {
+	m := new(dns.Msg)
+	m.SetQuestion("allowed.test.", dns.TypeA)
+	r := new(dns.Msg)
+	r.SetReply(m)
+	r.Answer = append(r.Answer, &dns.A{Hdr: dns.RR_Header{Name: "allowed.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.IPv4(198, 18, 0, 1)})
+	r.SetEdns0(1232, false)
+	b, _ := r.Pack()
+	f.Add(b)
+	f.Add(b[:20])
+	f.Add([]byte{0, 1, 0x81, 0x80, 0, 0, 0, 0, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		in := b
+		out := servfailWire(append([]byte(nil), b...))
+		if len(out) > len(in) {
+			t.Fatalf("grew: %d to %d bytes", len(in), len(out))
+		}
+		if len(in) < 12 {
+			return
+		}
+		var got dns.Msg
+		if err := got.Unpack(out); err != nil {
+			return // a question that was never valid
+		}
+		if got.Rcode != dns.RcodeServerFailure || len(got.Answer)+len(got.Ns)+len(got.Extra) != 0 || len(got.Question) > 1 || got.Id != binary.BigEndian.Uint16(in) {
+			t.Fatalf("%x made SERVFAIL: %v", in, &got)
+		}
+		var orig dns.Msg
+		whole := func(q dns.Question) bool { // its type and class were there
+			m := &dns.Msg{Question: []dns.Question{q}}
+			p, err := m.Pack()
+			return err == nil && len(in) >= len(p)
+		}
+		if orig.Unpack(in) == nil && binary.BigEndian.Uint16(in[4:]) == 1 && len(orig.Question) == 1 && whole(orig.Question[0]) &&
+			(len(got.Question) != 1 || got.Question[0] != orig.Question[0]) {
+			t.Fatalf("question %v became %v", orig.Question, got.Question)
+		}
+	})
 }

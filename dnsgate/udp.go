@@ -60,7 +60,7 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 		return
 	}
 	in := newUDPBatch(unix.SYS_RECVMMSG, tp)
-	out := &udpReplies{pc: pc, rc: rc, batch: newUDPBatch(unix.SYS_SENDMMSG, tp)}
+	out := &udpReplies{pc: pc, rc: rc, batch: newUDPBatch(unix.SYS_SENDMMSG, tp), recording: g.cfg.Recording}
 	var st fastState
 	for {
 		// The socket does not block (the runtime's poller waits for it), so
@@ -275,6 +275,9 @@ type udpReplies struct {
 	// commit, when set, writes the records of the queued replies' queries
 	// (Config.Commit): flush calls it, once, before it sends them.
 	commit func()
+	// recording is Config.Recording: when it reports an error at flush,
+	// every queued reply goes out as SERVFAIL.
+	recording func() error
 
 	// The query being answered.
 	to     *unix.RawSockaddrInet4 // nil outside a query
@@ -368,8 +371,14 @@ func (w *udpReplies) flush() error {
 		w.commit()
 		w.commit = nil
 	}
-	var first error
 	m := w.batch
+	if w.recording != nil && w.recording() != nil {
+		for i := range w.n {
+			b := unsafe.Slice(m.iovs[i].Base, m.iovs[i].Len)
+			m.iovs[i].SetLen(len(servfailWire(b)))
+		}
+	}
+	var first error
 	for m.lo, m.hi = 0, w.n; m.lo < m.hi; {
 		if err := w.rc.Write(m.call); err != nil {
 			// The socket is closed: nothing more can be sent.
@@ -388,6 +397,41 @@ func (w *udpReplies) flush() error {
 	}
 	w.n = 0
 	return first
+}
+
+// servfailWire turns reply b into SERVFAIL in place: the same header
+// without answers, and its question if it has one. It returns what is left.
+func servfailWire(b []byte) []byte {
+	if len(b) < 12 {
+		return b
+	}
+	b[2] &^= 0x02        // TC
+	b[3] = b[3]&0xF0 | 2 // RCODE SERVFAIL
+	clear(b[6:12])       // ANCOUNT, NSCOUNT, ARCOUNT
+	if binary.BigEndian.Uint16(b[4:]) == 0 {
+		return b[:12]
+	}
+	// One question: its name, uncompressed or a pointer, then type and class.
+	end := 12
+	for end < len(b) {
+		l := int(b[end])
+		if l == 0 {
+			end++
+			break
+		}
+		if l&0xC0 == 0xC0 {
+			end += 2
+			break
+		}
+		end += 1 + l
+	}
+	end += 4
+	if end > len(b) {
+		clear(b[4:6])
+		return b[:12]
+	}
+	binary.BigEndian.PutUint16(b[4:], 1)
+	return b[:end]
 }
 
 // cmpOr returns a unless it is nil, else b.

@@ -165,6 +165,14 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.p.finishRequest(rec)
 	}()
 
+	if why := h.p.unrecorded(); why != "" {
+		rec.Reason = why
+		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		rw.Header().Set("X-Airlock-Verdict", "unrecorded")
+		rw.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(rw, why+"\n")
+		return
+	}
 	// The request must be for the host the connection was decided for:
 	// anything else is domain fronting.
 	reqHost, reqPort := r.Host, ""

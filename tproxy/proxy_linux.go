@@ -64,6 +64,11 @@ type Config struct {
 	// OnRecord receives one record per connection when it ends; it must
 	// not block.
 	OnRecord func(Record)
+	// Recording, when set, says why records are not being kept
+	// (audit.Journal.Err); while it returns an error, new connections are
+	// reset and intercepted requests answered 503: the proxy lets nothing
+	// through that it could not record.
+	Recording func() error
 	// Logger gets one line per connection; nil means slog.Default().
 	Logger *slog.Logger
 	// LogAllowed logs allowed connections and requests at info; false
@@ -295,6 +300,12 @@ func (p *Proxy) accept() {
 		// Limits are checked before anything else: a refused connection
 		// holds its descriptor for no longer than it takes to reset it.
 		member := p.memberOf(tc)
+		if why := p.unrecorded(); why != "" {
+			tc.SetLinger(0)
+			tc.Close()
+			p.finish(Record{ID: p.ids.Add(1), Time: time.Now(), Sandbox: p.cfg.Sandbox, Source: member, Verdict: policy.Deny, Reason: why, Close: "reset"}, false)
+			continue
+		}
 		if why := p.limits.acquire(member); why != "" {
 			tc.SetLinger(0)
 			tc.Close()
@@ -519,6 +530,11 @@ func (p *Proxy) act(c *conn, t target, a action) {
 		}
 		p.bump(c, t.host, t.dst.Port())
 	case actSplice:
+		if why := p.unrecorded(); why != "" {
+			// Since it was accepted: held for a person, say.
+			p.deny(c, why, a.decision)
+			return
+		}
 		up, err := p.dial(c, t.host, t.dst, t.name == "")
 		if err != nil {
 			p.deny(c, err.Error(), policy.Decision{})
@@ -597,6 +613,20 @@ func (p *Proxy) memberOf(c *net.TCPConn) string {
 		}
 	}
 	return src.String()
+}
+
+// unrecorded says why the proxy refuses what it would have to record, or
+// "" while records are kept (Config.Recording).
+func (p *Proxy) unrecorded() string {
+	if p.cfg.Recording == nil {
+		return ""
+	}
+	if p.cfg.Recording() != nil {
+		// What failed (a path on the host) is in airlockd's log, not here:
+		// members read this.
+		return "airlock cannot write its audit records: everything is refused until it can"
+	}
+	return ""
 }
 
 // finish records a connection, and logs it unless log is false (a

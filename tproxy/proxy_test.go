@@ -612,3 +612,86 @@ func TestProxyLogAllowed(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyRefusesWhatItCannotRecord: while Recording reports that records
+// are not kept, a new connection is reset before anything of it reaches
+// the upstream, and an intercepted request on a connection made before is
+// answered 503 without being forwarded, in plain words that name no path
+// on the host; once records are kept again both go through.
+func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
+	up := startUpstream(t)
+	var failing atomic.Bool
+	recording := func(c *Config) {
+		c.Recording = func() error {
+			if failing.Load() {
+				return fmt.Errorf("write /var/lib/airlock/audit/test/current.jsonl: no space left on device")
+			}
+			return nil
+		}
+	}
+	t.Run("spliced", func(t *testing.T) {
+		h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpsPort), rules(up.httpsPort, fmt.Sprintf("allowed.test:%d", up.httpsPort)), recording)
+		failing.Store(true)
+		defer failing.Store(false)
+		before := len(up.requests())
+		if body, err := h.get(t, "https", "allowed.test", up.httpsPort); err == nil {
+			t.Fatalf("fetched %q while records could not be written", body)
+		}
+		if got := len(up.requests()); got != before {
+			t.Errorf("the upstream got %d requests while records could not be written", got-before)
+		}
+		waitRecords(t, h, 1)
+		if r := h.Records()[0]; r.Verdict != policy.Deny || !strings.Contains(r.Reason, "cannot write its audit records") || r.Close != "reset" {
+			t.Errorf("record = %+v", r)
+		}
+		failing.Store(false)
+		if body, err := h.get(t, "https", "allowed.test", up.httpsPort); err != nil || body != "internet" {
+			t.Errorf("once recording again: %v %q", err, body)
+		}
+	})
+	t.Run("intercepted", func(t *testing.T) {
+		port := up.httpsPort
+		h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+			rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)), recording)
+		// One connection, kept alive: made while records are kept, asked
+		// on while they are not.
+		roots := x509.NewCertPool()
+		pem, _ := os.ReadFile(ca.CertFile())
+		roots.AppendCertsFromPEM(pem)
+		tr := &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp4", h.proxy.Addr().String())
+			},
+			TLSClientConfig: &tls.Config{RootCAs: roots},
+		}
+		defer tr.CloseIdleConnections()
+		client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		url := fmt.Sprintf("https://api.allowed.test:%d/v1/x", port)
+		get := func() (int, string) {
+			resp, err := client.Get(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		if code, body := get(); code != 200 || body != "internet" {
+			t.Fatalf("before: %d %q", code, body)
+		}
+		before := len(up.requests())
+		failing.Store(true)
+		code, body := get()
+		failing.Store(false)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "cannot write its audit records") || strings.Contains(body, "/var/lib") {
+			t.Errorf("while not recording: %d %q", code, body)
+		}
+		if got := len(up.requests()); got != before {
+			t.Errorf("the upstream got %d requests while records could not be written", got-before)
+		}
+		if code, body := get(); code != 200 || body != "internet" {
+			t.Errorf("after: %d %q", code, body)
+		}
+	})
+}

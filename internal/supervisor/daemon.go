@@ -419,7 +419,7 @@ func (d *Daemon) openSandbox(s *sandbox) error {
 			s.trustLabel(m)
 		}
 	}
-	if s.journal, err = audit.Open(audit.Config{Dir: filepath.Join(d.cfg.StateDir, "audit", sb.Name)}); err != nil {
+	if s.journal, err = audit.Open(audit.Config{Dir: filepath.Join(d.cfg.StateDir, "audit", sb.Name), Logger: d.log.With("sandbox", sb.Name)}); err != nil {
 		return err
 	}
 	s.closers = append(s.closers, s.journal.Close)
@@ -507,6 +507,7 @@ func (d *Daemon) startGate(s *sandbox, guard *dnsgate.Guard, members func(netip.
 		// before their answers leave.
 		OnEventHeld: func(e dnsgate.Event) { d.recordHeld(s, dnsEntry(e)) },
 		Commit:      s.journal.Commit,
+		Recording:   s.journal.Err,
 		Logger:      d.log,
 		LogAllowed:  d.cfg.LogAllowed,
 	})
@@ -556,6 +557,7 @@ func (d *Daemon) startProxy(s *sandbox, pool *dnsgate.Pool, guard *dnsgate.Guard
 		MemberAPI:          api,
 		OnRecord:           func(r tproxy.Record) { d.record(s, connEntry(r)) },
 		OnRequest:          func(r tproxy.RequestRecord) { d.record(s, requestEntry(r)) },
+		Recording:          s.journal.Err,
 		CA:                 s.ca,
 		UpstreamRoots:      d.roots,
 		InspectAll:         s.policy.InspectAll,

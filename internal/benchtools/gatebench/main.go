@@ -103,6 +103,7 @@ func main() {
 			cfg.OnEvent = func(e dnsgate.Event) { j.Add(entry(e)) }
 			cfg.OnEventHeld = func(e dnsgate.Event) { j.AddHeld(entry(e)) }
 			cfg.Commit = j.Commit
+			cfg.Recording = j.Err
 		}
 		g, err := dnsgate.New(cfg)
 		if err != nil {
