@@ -271,20 +271,8 @@ func (h *harness) fetch(t *testing.T, method, rawURL, caFile string, header http
 	if caFile == "" {
 		caFile = h.up.caFile
 	}
-	roots := x509.NewCertPool()
-	if pem, err := os.ReadFile(caFile); err == nil {
-		roots.AppendCertsFromPEM(pem)
-	}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp4", h.proxy.Addr().String())
-		},
-		TLSClientConfig:   &tls.Config{RootCAs: roots},
-		ForceAttemptHTTP2: true,
-		DisableKeepAlives: true,
-	}
-	defer tr.CloseIdleConnections()
+	client := h.client(caFile, false)
+	defer client.CloseIdleConnections()
 	req, err := http.NewRequest(method, rawURL, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -296,7 +284,7 @@ func (h *harness) fetch(t *testing.T, method, rawURL, caFile string, header http
 		}
 		req.Header[k] = v
 	}
-	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, "", "", err
 	}
@@ -306,6 +294,27 @@ func (h *harness) fetch(t *testing.T, method, rawURL, caFile string, header http
 	fmt.Fprintf(&hb, "%s %s\n", resp.Proto, resp.Status)
 	resp.Header.Write(&hb)
 	return resp.StatusCode, hb.String(), string(b), err
+}
+
+// client is a member's HTTP client: it connects to the proxy whatever a
+// URL's host resolves to and trusts caFile; keepAlive keeps connections
+// for the next request (HTTP/1.1 then), else each request has its own and
+// HTTP/2 is offered.
+func (h *harness) client(caFile string, keepAlive bool) *http.Client {
+	roots := x509.NewCertPool()
+	if pem, err := os.ReadFile(caFile); err == nil {
+		roots.AppendCertsFromPEM(pem)
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp4", h.proxy.Addr().String())
+		},
+		TLSClientConfig:   &tls.Config{RootCAs: roots},
+		ForceAttemptHTTP2: !keepAlive,
+		DisableKeepAlives: !keepAlive,
+	}
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
 }
 
 // get fetches scheme://host:port/ through the proxy and returns the body.
@@ -655,18 +664,8 @@ func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 			rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)), recording)
 		// One connection, kept alive: made while records are kept, asked
 		// on while they are not.
-		roots := x509.NewCertPool()
-		pem, _ := os.ReadFile(ca.CertFile())
-		roots.AppendCertsFromPEM(pem)
-		tr := &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "tcp4", h.proxy.Addr().String())
-			},
-			TLSClientConfig: &tls.Config{RootCAs: roots},
-		}
-		defer tr.CloseIdleConnections()
-		client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		client := h.client(ca.CertFile(), true)
+		defer client.CloseIdleConnections()
 		url := fmt.Sprintf("https://api.allowed.test:%d/v1/x", port)
 		get := func() (int, string) {
 			resp, err := client.Get(url)
