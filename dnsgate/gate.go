@@ -275,12 +275,18 @@ func (g *Gate) Close() error {
 
 // ServeDNS answers one query. It implements dns.Handler.
 func (g *Gate) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	if g.unrecorded() {
+		// Refused before anything is decided or recorded (see serveUDP).
+		w.WriteMsg(servfail(req))
+		return
+	}
 	resp := g.answer(req, remoteAddr(w))
 	if resp == nil {
 		return
 	}
 	if _, batched := w.(*udpReplies); !batched && g.unrecorded() {
-		// (A batch's replies are checked when they are sent.)
+		// Records stopped while it was answered. (A batch's replies are
+		// checked when they are sent.)
 		resp = servfail(req)
 	}
 	if _, ok := w.RemoteAddr().(*net.UDPAddr); ok {
@@ -391,6 +397,12 @@ func (g *Gate) forward(req, resp *dns.Msg, name string, ev *Event) *dns.Msg {
 	if !ok {
 		ev.Verdict, ev.Reason = VerdictTripped, trip.Reason
 		return refuse(req, resp, "exfiltration guard: "+trip.Reason)
+	}
+	if g.unrecorded() {
+		// The name would leave the sandbox with no record of it.
+		ev.Verdict, ev.Reason = VerdictError, "records cannot be written"
+		resp.Rcode = dns.RcodeServerFailure
+		return resp
 	}
 	select {
 	case g.forwarded <- struct{}{}:

@@ -746,6 +746,9 @@ func TestGateAnswersNothingItCannotRecord(t *testing.T) {
 			t.Errorf("%s %s over %s while not recording: %v", q.name, dns.Type(q.qtype), q.netw, r)
 		}
 	}
+	if q := w.upstream.Queries(); len(q) != 0 {
+		t.Errorf("the upstream was asked while not recording: %v", q)
+	}
 	failing.Store(false)
 	if r := w.query(t, "udp", "allowed.test.", dns.TypeA); r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
 		t.Errorf("allowed.test A once recording again: %v", r)

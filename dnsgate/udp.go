@@ -62,6 +62,7 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 	in := newUDPBatch(unix.SYS_RECVMMSG, tp)
 	out := &udpReplies{pc: pc, rc: rc, batch: newUDPBatch(unix.SYS_SENDMMSG, tp), recording: g.cfg.Recording}
 	var st fastState
+	recording := g.cfg.Recording
 	for {
 		// The socket does not block (the runtime's poller waits for it), so
 		// recvmmsg returns as soon as it has taken what is queued: a lone
@@ -90,6 +91,16 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 				}
 			}
 			b := in.payload(i)
+			if recording != nil && recording() != nil {
+				// Refused before anything is decided or recorded: while
+				// the journal fails, a record made now could be one too
+				// many for what waits in memory, and be left out of the
+				// file while its answer went out.
+				if len(b) >= 12 && b[2]&0x80 == 0 { // a query, not a response
+					out.Write(servfailQuery(b))
+				}
+				continue
+			}
 			if g.fastAnswer(out, &st, b) {
 				continue
 			}
@@ -432,6 +443,13 @@ func servfailWire(b []byte) []byte {
 	}
 	binary.BigEndian.PutUint16(b[4:], 1)
 	return b[:end]
+}
+
+// servfailQuery turns query b into its SERVFAIL answer in place.
+func servfailQuery(b []byte) []byte {
+	b[2] |= 0x80 // QR
+	b[3] |= 0x80 // RA
+	return servfailWire(b)
 }
 
 // cmpOr returns a unless it is nil, else b.

@@ -167,10 +167,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	if why := h.p.unrecorded(); why != "" {
 		rec.Reason = why
-		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		rw.Header().Set("X-Airlock-Verdict", "unrecorded")
-		rw.WriteHeader(http.StatusServiceUnavailable)
-		io.WriteString(rw, why+"\n")
+		h.unrecorded(rw, why)
 		return
 	}
 	// The request must be for the host the connection was decided for:
@@ -240,6 +237,12 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.forbid(rw, r, &rec)
 		return
 	}
+	if why := h.p.unrecorded(); why != "" {
+		// Records stopped while a person decided.
+		rec.Reason = why
+		h.unrecorded(rw, why)
+		return
+	}
 	rec.Verdict = policy.Allow
 	if pooled(r) && h.pool.forward(rw, r, rec.Source, h.key, h.addr, h.authority, target) {
 		return
@@ -259,6 +262,14 @@ func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *Reques
 	w.Header().Set("X-Airlock-Verdict", "deny")
 	w.WriteHeader(http.StatusForbidden)
 	io.WriteString(w, body)
+}
+
+// unrecorded answers 503: the proxy cannot record the request.
+func (h *bumpHandler) unrecorded(w http.ResponseWriter, why string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Airlock-Verdict", "unrecorded")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	io.WriteString(w, why+"\n")
 }
 
 // setTarget makes r's URL the canonical target, so that what goes

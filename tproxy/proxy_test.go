@@ -692,5 +692,28 @@ func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 		if code, body := get(); code != 200 || body != "internet" {
 			t.Errorf("after: %d %q", code, body)
 		}
+		// A request held for a person while records stop is not
+		// forwarded when the person allows it.
+		done := make(chan int, 1)
+		go func() {
+			resp, err := client.Get(fmt.Sprintf("https://api.allowed.test:%d/v2/x", port))
+			if err != nil {
+				done <- 0
+				return
+			}
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+		pend := h.waitPending(t, 1)
+		before = len(up.requests())
+		failing.Store(true)
+		if _, err := h.broker.Decide(pend.ID, policy.Choice{Action: policy.ResolveAllowOnce}); err != nil {
+			t.Fatal(err)
+		}
+		code = <-done
+		failing.Store(false)
+		if code != http.StatusServiceUnavailable || len(up.requests()) != before {
+			t.Errorf("held request allowed while not recording: %d, %d requests upstream", code, len(up.requests())-before)
+		}
 	})
 }

@@ -8,6 +8,7 @@ package audit
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -139,6 +140,8 @@ type Journal struct {
 
 const currentFile = "current.jsonl"
 
+var errClosed = errors.New("audit: the journal is closed")
+
 // Open opens (or creates) the journal in cfg.Dir and continues its
 // sequence numbers.
 func Open(cfg Config) (*Journal, error) {
@@ -186,7 +189,7 @@ func Open(cfg Config) (*Journal, error) {
 }
 
 func (j *Journal) openCurrent() error {
-	f, err := os.OpenFile(filepath.Join(j.cfg.Dir, currentFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(filepath.Join(j.cfg.Dir, currentFile), os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("audit: %w", err)
 	}
@@ -195,7 +198,18 @@ func (j *Journal) openCurrent() error {
 		f.Close()
 		return fmt.Errorf("audit: %w", err)
 	}
-	j.f, j.size = f, fi.Size()
+	size := fi.Size()
+	// A line cut short (a write that failed part way, then a crash or a
+	// full disk) is ended, so that the next record is a line of its own.
+	var last [1]byte
+	if _, err := f.ReadAt(last[:], size-1); size > 0 && err == nil && last[0] != '\n' {
+		if _, err := f.Write([]byte{'\n'}); err != nil {
+			f.Close()
+			return fmt.Errorf("audit: %w", err)
+		}
+		size++
+	}
+	j.f, j.size = f, size
 	return nil
 }
 
@@ -313,7 +327,11 @@ func (j *Journal) writeLocked() {
 	j.tried = last
 	if err != nil {
 		// What came meanwhile goes after what is left: the file gets every
-		// record in order, and a record cut short is finished first.
+		// record in order. A record cut short is written again whole, on a
+		// line of its own (openCurrent ends the cut one).
+		if n > 0 && b[n-1] != '\n' {
+			n = bytes.LastIndexByte(b[:n], '\n') + 1
+		}
 		rest := b[:copy(b, b[n:])]
 		j.spare = j.buf[:0]
 		j.buf = append(rest, j.buf...)
@@ -526,8 +544,10 @@ func (j *Journal) Close() error {
 	}
 	j.closed = true
 	err := j.flushLocked()
-	if j.failed != nil {
-		err = fmt.Errorf("audit: %d records not written: %w", j.seq-j.written, j.failed)
+	j.failed = errClosed // Err from now on: nothing more is written
+	j.failing.Store(true)
+	if err != nil && j.written < j.seq {
+		err = fmt.Errorf("audit: %d records not written: %w", j.seq-j.written, err)
 	}
 	if j.f != nil {
 		if cerr := j.f.Close(); err == nil {
