@@ -98,6 +98,9 @@ type Config struct {
 	// it cannot be written; 0 means 16 MiB. Records past it are dropped
 	// from the file (they stay in memory) and counted.
 	MaxPendingBytes int
+	// RetryEvery is how often, at most, a write is tried again while the
+	// file cannot be written (by Add, Commit or Err); 0 means 100 ms.
+	RetryEvery time.Duration
 	// Logger is told when the file cannot be written and when it can
 	// again; nil means slog.Default().
 	Logger *slog.Logger
@@ -133,6 +136,7 @@ type Journal struct {
 	// it can be written again. Until then failed holds why.
 	failed      error
 	failedSince time.Time
+	lastTry     time.Time   // of the last write that failed
 	dropped     uint64      // records left out of the file since failed was set: buf was full
 	failing     atomic.Bool // failed != nil, read without mu
 	closed      bool        // by Close: records stay in memory only
@@ -162,6 +166,9 @@ func Open(cfg Config) (*Journal, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.RetryEvery == 0 {
+		cfg.RetryEvery = 100 * time.Millisecond
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
@@ -252,12 +259,23 @@ func (j *Journal) Err() error {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	// A refusal records nothing, so Err tries the write itself: once the
+	// file takes it, what was refused goes through again.
+	if j.retry() {
+		j.writeLocked()
+	}
 	return j.failed
+}
+
+// retry reports whether a write should be tried now: not while one is in
+// flight, and while writes fail, at most once per RetryEvery.
+func (j *Journal) retry() bool {
+	return !j.closed && !j.writing && (j.failed == nil || time.Since(j.lastTry) >= j.cfg.RetryEvery)
 }
 
 func (j *Journal) add(e Entry, commit bool) Entry {
 	j.mu.Lock()
-	if !j.closed && j.failed != nil && len(j.buf) >= j.cfg.MaxPendingBytes && !j.writing {
+	if j.failed != nil && len(j.buf) >= j.cfg.MaxPendingBytes && j.retry() {
 		// Room, if the file takes what waits now. (Before e is numbered: a
 		// write covers every record numbered when it starts.)
 		j.writeLocked()
@@ -294,6 +312,9 @@ func (j *Journal) commitLocked(seq uint64) {
 				return // tried, and failed: Err says why
 			}
 			continue
+		}
+		if !j.retry() {
+			return // failed a moment ago: Err says why
 		}
 		if j.writeLocked(); j.failed != nil {
 			return
@@ -342,6 +363,7 @@ func (j *Journal) writeLocked() {
 			j.f = nil
 		}
 		j.fail(err)
+		j.lastTry = time.Now()
 		j.wrote.Broadcast()
 		return
 	}

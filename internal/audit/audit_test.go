@@ -195,7 +195,7 @@ func TestJournalKeepsWhatItCouldNotWrite(t *testing.T) {
 		t.Run(fmt.Sprint("rotating ", rotate), func(t *testing.T) {
 			dir := t.TempDir()
 			var log strings.Builder
-			j, err := Open(Config{Dir: dir, Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &log}, nil))})
+			j, err := Open(Config{Dir: dir, RetryEvery: time.Nanosecond, Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &log}, nil))})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -325,7 +325,7 @@ func TestJournalEndsALineCutShort(t *testing.T) {
 // sequence numbers shows where.
 func TestJournalLeavesOutPastItsBound(t *testing.T) {
 	dir := t.TempDir()
-	j, err := Open(Config{Dir: dir, MaxPendingBytes: 1000, Logger: slog.New(slog.DiscardHandler)})
+	j, err := Open(Config{Dir: dir, MaxPendingBytes: 1000, RetryEvery: time.Nanosecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func TestJournalFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Unmount(dir, unix.MNT_DETACH)
-	j, err := Open(Config{Dir: filepath.Join(dir, "audit"), Logger: slog.New(slog.DiscardHandler)})
+	j, err := Open(Config{Dir: filepath.Join(dir, "audit"), RetryEvery: time.Nanosecond, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
