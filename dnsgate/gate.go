@@ -90,9 +90,10 @@ type Config struct {
 	OnEventHeld func(Event)
 	Commit      func()
 	// Recording, when set, says why events are not being recorded
-	// (audit.Journal.Err); while it returns an error, every answer is
-	// SERVFAIL, checked after the answer's own event: the gate answers
-	// nothing it could not record.
+	// (audit.Journal.Err); while it returns an error, every query is
+	// answered SERVFAIL before anything is decided, forwarded or recorded,
+	// and an answer made while records stopped is sent as SERVFAIL: the
+	// gate answers nothing it could not record.
 	Recording func() error
 	// Logger receives one line per decision; nil means slog.Default().
 	Logger *slog.Logger

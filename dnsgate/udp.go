@@ -62,7 +62,6 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 	in := newUDPBatch(unix.SYS_RECVMMSG, tp)
 	out := &udpReplies{pc: pc, rc: rc, batch: newUDPBatch(unix.SYS_SENDMMSG, tp), recording: g.cfg.Recording}
 	var st fastState
-	recording := g.cfg.Recording
 	for {
 		// The socket does not block (the runtime's poller waits for it), so
 		// recvmmsg returns as soon as it has taken what is queued: a lone
@@ -91,7 +90,7 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 				}
 			}
 			b := in.payload(i)
-			if recording != nil && recording() != nil {
+			if g.unrecorded() {
 				// Refused before anything is decided or recorded: while
 				// the journal fails, a record made now could be one too
 				// many for what waits in memory, and be left out of the

@@ -223,7 +223,7 @@ func (j *Journal) openCurrent() error {
 // Add numbers an entry, keeps it in memory, hands it to subscribers and
 // appends it to the file (in the kernel when Add returns, so it survives
 // the process dying). When the file cannot be written the record waits in
-// memory for the next write, and Err says why: callers that answer a
+// memory for a later write, and Err says why: callers that answer a
 // member check it and refuse what they could not record.
 func (j *Journal) Add(e Entry) Entry {
 	return j.add(e, true)
@@ -248,11 +248,12 @@ func (j *Journal) Commit() {
 }
 
 // Err returns why records are not reaching the file: the error of the
-// last write, until a write succeeds. Records added meanwhile wait in
-// memory and go to the file, in order, with the first write that succeeds
-// (each Add and Commit tries one); past MaxPendingBytes they are left out
-// of the file, leaving a gap in its sequence numbers. Err costs no lock
-// while the file is written.
+// last write, until a write succeeds (or errClosed after Close). Records
+// added meanwhile wait in memory and go to the file, in order, with the
+// first write that succeeds (Add, Commit and Err each try one, at most one
+// per RetryEvery); past MaxPendingBytes they are left out of the file,
+// leaving a gap in its sequence numbers. Err costs no lock while the file
+// is written.
 func (j *Journal) Err() error {
 	if !j.failing.Load() {
 		return nil
