@@ -167,7 +167,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	if why := h.p.unrecorded(); why != "" {
 		rec.Reason = why
-		h.unrecorded(rw, why)
+		refuseUnrecorded(rw, why)
 		return
 	}
 	// The request must be for the host the connection was decided for:
@@ -240,7 +240,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if why := h.p.unrecorded(); why != "" {
 		// Records stopped while a person decided.
 		rec.Reason = why
-		h.unrecorded(rw, why)
+		refuseUnrecorded(rw, why)
 		return
 	}
 	rec.Verdict = policy.Allow
@@ -264,8 +264,8 @@ func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *Reques
 	io.WriteString(w, body)
 }
 
-// unrecorded answers 503: the proxy cannot record the request.
-func (h *bumpHandler) unrecorded(w http.ResponseWriter, why string) {
+// refuseUnrecorded answers 503: the proxy cannot record the request.
+func refuseUnrecorded(w http.ResponseWriter, why string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Airlock-Verdict", "unrecorded")
 	w.WriteHeader(http.StatusServiceUnavailable)

@@ -59,10 +59,20 @@ func (p *Proxy) startMemberAPI() {
 
 // newMemberAPI is the server of the member API's handler: small heads
 // and bodies, no idle connections kept for long, and requests that end
-// when the proxy closes (a request waiting for a person included).
+// when the proxy closes (a request waiting for a person included). While
+// records cannot be written, every request gets the 503 an intercepted
+// one gets, also on a connection kept alive from before: what a member
+// asks for is recorded, so nothing is asked meanwhile.
 func (p *Proxy) newMemberAPI(h http.Handler) *http.Server {
 	return &http.Server{
-		Handler:           h,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if why := p.unrecorded(); why != "" {
+				w.Header().Set("Connection", "close")
+				refuseUnrecorded(w, why)
+				return
+			}
+			h.ServeHTTP(w, r)
+		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       20 * time.Second,
 		IdleTimeout:       30 * time.Second,

@@ -716,4 +716,47 @@ func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 			t.Errorf("held request allowed while not recording: %d, %d requests upstream", code, len(up.requests())-before)
 		}
 	})
+	t.Run("member API, kept alive", func(t *testing.T) {
+		api := &memberAPI{}
+		policyYAML := "sandbox:\n  network_allowlist:\n    user:\n      - pattern: airlock.internal\n"
+		h := newHarness(t, up, netip.MustParseAddrPort("127.0.0.1:80"), policyYAML, func(c *Config) {
+			recording(c)
+			c.MemberAPI = api
+		})
+		client := h.client("", true)
+		defer client.CloseIdleConnections()
+		var conns atomic.Int32
+		client.Transport.(*http.Transport).DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			conns.Add(1)
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp4", h.proxy.Addr().String())
+		}
+		get := func() (int, string, string) {
+			resp, err := client.Get("http://airlock.internal/v1/requests/x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, resp.Header.Get("X-Airlock-Verdict"), string(b)
+		}
+		if code, _, body := get(); code != 200 || !strings.Contains(body, "member api") {
+			t.Fatalf("before: %d %q", code, body)
+		}
+		failing.Store(true)
+		code, verdict, body := get()
+		failing.Store(false)
+		if code != http.StatusServiceUnavailable || verdict != "unrecorded" || !strings.Contains(body, "cannot write its audit records") || strings.Contains(body, "/var/lib") {
+			t.Errorf("while not recording, on a connection kept alive: %d %s %q", code, verdict, body)
+		}
+		if n := conns.Load(); n != 1 {
+			t.Errorf("%d connections, want the refused request on the one kept alive", n)
+		}
+		if n := api.calls.Load(); n != 1 {
+			t.Errorf("the member API served %d requests, want only the one before", n)
+		}
+		if code, _, body := get(); code != 200 || !strings.Contains(body, "member api") {
+			t.Errorf("after: %d %q", code, body)
+		}
+	})
 }
