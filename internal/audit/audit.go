@@ -95,7 +95,8 @@ type Config struct {
 	// MaxFiles is how many rotated files are kept; 0 means 8.
 	MaxFiles int
 	// MaxPendingBytes bounds the records kept in memory for the file while
-	// it cannot be written; 0 means 16 MiB. Records past it are dropped
+	// it cannot be written (those waiting and those of a write in flight);
+	// 0 means 16 MiB. Records past it are dropped
 	// from the file (they stay in memory) and counted.
 	MaxPendingBytes int
 	// RetryEvery is how often, at most, a write is tried again while the
@@ -126,6 +127,7 @@ type Journal struct {
 	buf     []byte
 	spare   []byte     // the buffer last written, reused as the next buf
 	writing bool       // a write is in flight
+	flying  int        // bytes of the write in flight
 	written uint64     // every record up to this seq has been written, or dropped
 	tried   uint64     // the last write tried every record up to this seq
 	wrote   *sync.Cond // on mu, broadcast when a write returns
@@ -276,7 +278,7 @@ func (j *Journal) retry() bool {
 
 func (j *Journal) add(e Entry, commit bool) Entry {
 	j.mu.Lock()
-	if j.failed != nil && len(j.buf) >= j.cfg.MaxPendingBytes && j.retry() {
+	if j.failed != nil && j.pendingLocked() >= j.cfg.MaxPendingBytes && j.retry() {
 		// Room, if the file takes what waits now. (Before e is numbered: a
 		// write covers every record numbered when it starts.)
 		j.writeLocked()
@@ -288,7 +290,7 @@ func (j *Journal) add(e Entry, commit bool) Entry {
 	}
 	switch {
 	case j.closed:
-	case j.failed != nil && len(j.buf) >= j.cfg.MaxPendingBytes:
+	case j.failed != nil && j.pendingLocked() >= j.cfg.MaxPendingBytes:
 		j.dropped++
 	default:
 		j.buf = appendEntry(j.buf, &e)
@@ -301,6 +303,11 @@ func (j *Journal) add(e Entry, commit bool) Entry {
 	j.ring.Add(e)
 	return e
 }
+
+// pendingLocked is how many bytes of records are held for the file: those
+// waiting and those of a write in flight (while the file fails, a write
+// that is tried again carries everything that waited).
+func (j *Journal) pendingLocked() int { return len(j.buf) + j.flying }
 
 // commitLocked returns once every entry up to seq is written (or left
 // out), or a write that tried them failed: it waits for a write in flight
@@ -338,11 +345,11 @@ func (j *Journal) writeLocked() {
 		err = j.openCurrent()
 	}
 	if f := j.f; f != nil && len(b) > 0 {
-		j.writing = true
+		j.writing, j.flying = true, len(b)
 		j.mu.Unlock()
 		n, err = f.Write(b)
 		j.mu.Lock()
-		j.writing = false
+		j.writing, j.flying = false, 0
 		j.writes++
 		j.size += int64(n)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -554,5 +555,97 @@ func TestJournalHeldEntriesReachTheFileAtCommit(t *testing.T) {
 	j.Commit() // nothing held: no write
 	if w := j.writes - writes; w != 2 {
 		t.Errorf("%d writes in all, want 2", w)
+	}
+}
+
+// TestJournalBoundCountsAWriteInFlight: while the file fails, a write
+// tried again carries every record that waited; until it returns, those
+// bytes still count against MaxPendingBytes, so what is held for the file
+// stays within the bound instead of reaching twice it.
+func TestJournalBoundCountsAWriteInFlight(t *testing.T) {
+	dir := t.TempDir()
+	const bound = 256 << 10
+	j, err := Open(Config{Dir: dir, MaxPendingBytes: bound, RetryEvery: time.Nanosecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() (int, uint64) {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return len(j.buf), j.dropped
+	}
+	cur := filepath.Join(dir, currentFile)
+	breakFile(t, j, false)
+	long := strings.Repeat("x", 1000)
+	for n, _ := waiting(); n < 200<<10; n, _ = waiting() {
+		j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "waits.example", Reason: long})
+	}
+	if j.Err() == nil {
+		t.Fatal("Err: nil while the file cannot be opened")
+	}
+	// The file becomes a pipe that nobody reads yet: the next write takes
+	// everything that waits and blocks after the pipe's 64 KiB.
+	if err := os.Remove(cur); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(cur, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inFlight, _ := waiting() // what the next write carries (with one small record)
+	added := make(chan struct{})
+	go func() {
+		j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "starts-the-write.example"})
+		close(added)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		j.mu.Lock()
+		writing := j.writing
+		j.mu.Unlock()
+		if writing {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no write in flight")
+		}
+	}
+	for range 300 {
+		j.AddHeld(Entry{Kind: KindDNS, Sandbox: "sb", Host: "meanwhile.example", Reason: long})
+	}
+	n, dropped := waiting()
+	if held := inFlight + n; held > bound+2<<10 || dropped == 0 {
+		t.Errorf("with a write in flight: %d bytes held for the file, %d records left out; want at most the bound (%d) held", held, dropped, bound)
+	}
+	// Read the pipe: the write returns, and Commit writes what was kept.
+	r, err := os.Open(cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r)
+		read <- b
+	}()
+	<-added
+	if err := j.Err(); err != nil {
+		t.Fatalf("Err after the write returned: %v", err)
+	}
+	j.Commit()
+	j.Close()         // its sync fails on a pipe: nothing more to write
+	through := <-read // to the end: the journal's end of the pipe is closed
+	r.Close()
+	var seqs []uint64
+	for _, line := range strings.Split(strings.TrimSuffix(string(through), "\n"), "\n") {
+		var e Entry
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		seqs = append(seqs, e.Seq)
+	}
+	total := j.seq
+	if uint64(len(seqs)) != total-dropped {
+		t.Errorf("%d records through the pipe, want %d (%d added, %d left out)", len(seqs), total-dropped, total, dropped)
+	}
+	if !sort.SliceIsSorted(seqs, func(a, b int) bool { return seqs[a] < seqs[b] }) {
+		t.Error("records out of order")
 	}
 }
