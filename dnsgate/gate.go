@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -130,6 +131,9 @@ type Gate struct {
 	cfg       Config
 	log       *slog.Logger
 	forwarded chan struct{} // a slot for each query being forwarded, MaxForwarded in all
+	// refused counts the queries answered SERVFAIL, with no record each,
+	// while records could not be written; logged once they can again.
+	refused atomic.Uint64
 
 	mu      sync.Mutex // guards servers, udp, closed and addr
 	servers []*dns.Server
@@ -278,6 +282,7 @@ func (g *Gate) Close() error {
 func (g *Gate) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if g.unrecorded() {
 		// Refused before anything is decided or recorded (see serveUDP).
+		g.refused.Add(1)
 		w.WriteMsg(servfail(req))
 		return
 	}
@@ -529,8 +534,21 @@ func (g *Gate) source(addr netip.Addr) string {
 func (g *Gate) emit(ev Event) { g.emitTo(ev, g.cfg.OnEvent) }
 
 // unrecorded reports that events are not being recorded (Config.Recording).
+// The first call that finds them recorded again logs how many queries were
+// refused meanwhile: those have no record of their own.
 func (g *Gate) unrecorded() bool {
-	return g.cfg.Recording != nil && g.cfg.Recording() != nil
+	if g.cfg.Recording == nil {
+		return false
+	}
+	if g.cfg.Recording() != nil {
+		return true
+	}
+	if g.refused.Load() != 0 {
+		if n := g.refused.Swap(0); n != 0 {
+			g.log.Warn("dns: queries were answered SERVFAIL, unrecorded, while records could not be written", "queries", n)
+		}
+	}
+	return false
 }
 
 // servfail is the SERVFAIL answer to req.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/airlockhq/airlock/dnsgate/dnsgatetest"
 	"github.com/airlockhq/airlock/internal/testenv"
+	"github.com/airlockhq/airlock/internal/testworld"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -718,7 +719,9 @@ func TestGateCommitsHeldEventsBeforeAnswering(t *testing.T) {
 // a forwarded TXT, TCP); once it reports none, answers are as before.
 func TestGateAnswersNothingItCannotRecord(t *testing.T) {
 	var failing atomic.Bool
+	var logs testworld.SyncBuffer
 	w := newWorldWith(t, GuardConfig{}, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		c.OnEventHeld = func(Event) {}
 		c.Commit = func() {}
 		c.Recording = func() error {
@@ -755,6 +758,11 @@ func TestGateAnswersNothingItCannotRecord(t *testing.T) {
 	}
 	if r := w.query(t, "udp", "pastebin.com.", dns.TypeA); r.Rcode != dns.RcodeNameError {
 		t.Errorf("pastebin.com A once recording again: %v", r)
+	}
+	// The refused queries have no record each: the log counts them, once.
+	const said = "queries were answered SERVFAIL, unrecorded, while records could not be written"
+	if got := logs.String(); strings.Count(got, said) != 1 || !strings.Contains(got, fmt.Sprintf("queries=%d", len(queries))) {
+		t.Errorf("log after recording again, want one line counting %d queries:\n%s", len(queries), got)
 	}
 }
 
