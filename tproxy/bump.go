@@ -1,6 +1,7 @@
 package tproxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -162,6 +163,12 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		rec.Status, rec.ResBytes, rec.TTFB = rw.status, rw.n, rw.ttfb
 		rec.ReqBytes, rec.Duration = body.n, time.Since(start)
+		if hw, ok := w.(*h1Response); ok {
+			// Recorded once the answer's last bytes have left: the
+			// journal's write is not on the way to the member.
+			hw.recordAfter(h.p, rec)
+			return
+		}
 		h.p.finishRequest(rec)
 	}()
 
@@ -526,6 +533,16 @@ func (w *recordingWriter) Write(b []byte) (int, error) {
 const bigWrite = 4 << 10
 
 func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack is the ReverseProxy's, for an upgrade the upstream accepted: it
+// writes the 101 on the connection it takes, so that is the status.
+func (w *recordingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil && w.status == 0 {
+		w.status, w.ttfb = http.StatusSwitchingProtocols, time.Since(w.start)
+	}
+	return c, brw, err
+}
 
 func (w *recordingWriter) Flush() {
 	http.NewResponseController(w.ResponseWriter).Flush()

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -201,5 +202,128 @@ func TestBumpUntrustedUpstreamIs502(t *testing.T) {
 	}
 	if len(up.requests()) != 0 {
 		t.Errorf("the request reached an unverified upstream: %v", up.requests())
+	}
+}
+
+// TestBumpRecordsEveryRequestOnce: every intercepted request is recorded
+// once, with its outcome, however it ends (answered, with a body sent,
+// broken off by the client, upgraded, over HTTP/2); and over HTTP/1.1 the
+// record is made once the answer has left, so a slow record never holds
+// the member's answer back.
+func TestBumpRecordsEveryRequestOnce(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	var mu sync.Mutex
+	var records []RequestRecord
+	release := make(chan struct{})
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)),
+		func(c *Config) {
+			c.OnRequest = func(r RequestRecord) {
+				if strings.HasSuffix(r.URL, "/v1/slow-record") {
+					<-release
+				}
+				mu.Lock()
+				records = append(records, r)
+				mu.Unlock()
+			}
+		})
+	base := fmt.Sprintf("https://api.allowed.test:%d", port)
+	h1 := h.client(ca.CertFile(), true)
+	defer h1.CloseIdleConnections()
+
+	// The answer arrives while its record is still being made.
+	got := make(chan string, 1)
+	go func() {
+		resp, err := h1.Get(base + "/v1/slow-record")
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- string(b)
+	}()
+	select {
+	case body := <-got:
+		if body != "internet" {
+			t.Errorf("answer while its record is made: %q", body)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the answer waited for its record")
+	}
+	close(release)
+
+	if resp, err := h1.Post(base+"/v1/echo", "text/plain", strings.NewReader("twelve bytes")); err != nil {
+		t.Fatal(err)
+	} else {
+		io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	// A body the client stops reading: the request ends with its connection.
+	if resp, err := h1.Get(base + "/v1/stream"); err != nil {
+		t.Fatal(err)
+	} else {
+		io.ReadFull(resp.Body, make([]byte, 100<<10))
+		resp.Body.Close()
+	}
+	h1.CloseIdleConnections()
+	// An upgrade, recorded when its tunnel ends.
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "GET /v1/ws HTTP/1.1\r\nHost: api.allowed.test:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", port)
+	if status, _ := bufio.NewReader(c).ReadString('\n'); !strings.Contains(status, "101") {
+		t.Errorf("upgrade: %q", status)
+	}
+	c.Close()
+	h2 := h.client(ca.CertFile(), false)
+	if resp, err := h2.Get(base + "/v1/over-h2"); err != nil || resp.ProtoMajor != 2 {
+		t.Fatalf("HTTP/2: %v %v", resp, err)
+	} else {
+		io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+
+	want := map[string]string{ // path: what its record says
+		"/v1/slow-record": "GET 200 req=0 res=8",
+		"/v1/echo":        "POST 200 req=12 res=12",
+		"/v1/stream":      "GET 200",
+		"/v1/ws":          "GET 101",
+		"/v1/over-h2":     "GET 200 req=0 res=8",
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(records)
+		mu.Unlock()
+		if n >= len(want) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // a second record of any would come now
+	mu.Lock()
+	defer mu.Unlock()
+	seen := map[string]int{}
+	for _, r := range records {
+		p := strings.TrimPrefix(r.URL, base)
+		seen[p]++
+		w, ok := want[p]
+		if !ok {
+			t.Errorf("a record of %s", r.URL)
+			continue
+		}
+		if said := fmt.Sprintf("%s %d req=%d res=%d", r.Method, r.Status, r.ReqBytes, r.ResBytes); !strings.HasPrefix(said, w) || r.Verdict != policy.Allow {
+			t.Errorf("record of %s: %s, verdict %s; want %s, allow", p, said, r.Verdict, w)
+		}
+	}
+	for p := range want {
+		if seen[p] != 1 {
+			t.Errorf("%s recorded %d times, want once", p, seen[p])
+		}
 	}
 }

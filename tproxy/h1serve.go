@@ -288,6 +288,7 @@ func (s *h1Server) serveRequest(req *http.Request) (keep, hijacked bool) {
 	// cancels the requests' context (an approval it waits for, the
 	// upstream exchange). Quick ones never pay for the watch.
 	s.timer.Reset(watchAfter)
+	defer w.recordNow() // a request that ended otherwise
 	ok := s.runHandler(w, req)
 	s.timer.Stop()
 	gone := watch.stop()
@@ -301,6 +302,7 @@ func (s *h1Server) serveRequest(req *http.Request) (keep, hijacked bool) {
 	// never sent the body.
 	neverSent := w.canContinue.Load()
 	keep = w.finish()
+	w.recordNow() // before what is left of the body is read: the client sets its pace
 	// What the handler left of the body is read off, within reason, so
 	// that the next request starts where it should.
 	if ended := body.finish(!keep || neverSent); !ended {
@@ -491,6 +493,25 @@ type h1Response struct {
 	// the answer clears it first.
 	canContinue atomic.Bool
 	continueMu  sync.Mutex
+	// record, when recordTo is set, is the request's record: the server
+	// hands it to recordTo.finishRequest once the answer is finished (or
+	// the request ended otherwise).
+	record   RequestRecord
+	recordTo *Proxy
+}
+
+// recordAfter has rec recorded by p once the answer is finished.
+func (w *h1Response) recordAfter(p *Proxy, rec RequestRecord) {
+	w.record, w.recordTo = rec, p
+}
+
+// recordNow records the request, if its handler left a record.
+func (w *h1Response) recordNow() {
+	if p := w.recordTo; p != nil {
+		w.recordTo = nil
+		p.finishRequest(w.record)
+		w.record = RequestRecord{}
+	}
 }
 
 // sendContinue sends 100 Continue if the client waits for it.
