@@ -160,7 +160,12 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}{rw: recordingWriter{ResponseWriter: w, start: start}, body: countingBody{ReadCloser: r.Body}}
 	rw, body := &state.rw, &state.body
 	r.Body = body
+	unrecorded := false // refused so: counted, not recorded (see Proxy.refused)
 	defer func() {
+		if unrecorded {
+			h.p.refused.Add(1)
+			return
+		}
 		rec.Status, rec.ResBytes, rec.TTFB = rw.status, rw.n, rw.ttfb
 		rec.ReqBytes, rec.Duration = body.n, time.Since(start)
 		if hw, ok := w.(*h1Response); ok {
@@ -173,7 +178,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	if why := h.p.unrecorded(); why != "" {
-		rec.Reason = why
+		unrecorded = true
 		refuseUnrecorded(rw, why)
 		return
 	}
@@ -246,7 +251,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if why := h.p.unrecorded(); why != "" {
 		// Records stopped while a person decided.
-		rec.Reason = why
+		unrecorded = true
 		refuseUnrecorded(rw, why)
 		return
 	}

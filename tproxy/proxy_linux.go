@@ -156,14 +156,20 @@ type Record struct {
 
 // Proxy is a sandbox's transparent proxy.
 type Proxy struct {
-	cfg   Config
-	log   *slog.Logger
-	ln    net.Listener
-	ids   atomic.Uint64
-	wg    sync.WaitGroup
-	close sync.Once
-	ctx   context.Context
-	stop  context.CancelFunc
+	cfg Config
+	log *slog.Logger
+	ln  net.Listener
+	ids atomic.Uint64
+	// refused counts the connections and requests refused, with no record
+	// each, while records could not be written; logged once they can
+	// again. (A record each would let a member's refusals take the room
+	// that records waiting for the file have, and push out those that
+	// matter: a person's decisions, connections ending.)
+	refused atomic.Uint64
+	wg      sync.WaitGroup
+	close   sync.Once
+	ctx     context.Context
+	stop    context.CancelFunc
 
 	// mu guards conns.
 	mu    sync.Mutex
@@ -300,10 +306,10 @@ func (p *Proxy) accept() {
 		// Limits are checked before anything else: a refused connection
 		// holds its descriptor for no longer than it takes to reset it.
 		member := p.memberOf(tc)
-		if why := p.unrecorded(); why != "" {
+		if p.unrecorded() != "" {
 			tc.SetLinger(0)
 			tc.Close()
-			p.finish(Record{ID: p.ids.Add(1), Time: time.Now(), Sandbox: p.cfg.Sandbox, Source: member, Verdict: policy.Deny, Reason: why, Close: "reset"}, false)
+			p.refused.Add(1)
 			continue
 		}
 		if why := p.limits.acquire(member); why != "" {
@@ -616,7 +622,9 @@ func (p *Proxy) memberOf(c *net.TCPConn) string {
 }
 
 // unrecorded says why the proxy refuses what it would have to record, or
-// "" while records are kept (Config.Recording).
+// "" while records are kept (Config.Recording). The first call that finds
+// them kept again logs how many connections and requests were refused
+// meanwhile.
 func (p *Proxy) unrecorded() string {
 	if p.cfg.Recording == nil {
 		return ""
@@ -625,6 +633,11 @@ func (p *Proxy) unrecorded() string {
 		// What failed (a path on the host) is in airlockd's log, not here:
 		// members read this.
 		return "airlock cannot write its audit records: everything is refused until it can"
+	}
+	if p.refused.Load() != 0 {
+		if n := p.refused.Swap(0); n != 0 {
+			p.log.Warn("proxy: connections and requests were refused, unrecorded, while records could not be written", "refused", n)
+		}
 	}
 	return ""
 }

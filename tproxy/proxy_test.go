@@ -14,6 +14,8 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/airlockhq/airlock/internal/testcerts"
 	"github.com/airlockhq/airlock/internal/testenv"
+	"github.com/airlockhq/airlock/internal/testworld"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -630,12 +633,34 @@ func TestProxyLogAllowed(t *testing.T) {
 func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 	up := startUpstream(t)
 	var failing atomic.Bool
+	var requestRecords atomic.Int32
+	var logs *testworld.SyncBuffer // the running subtest's proxy's
 	recording := func(c *Config) {
 		c.Recording = func() error {
 			if failing.Load() {
 				return fmt.Errorf("write /var/lib/airlock/audit/test/current.jsonl: no space left on device")
 			}
 			return nil
+		}
+		logs = &testworld.SyncBuffer{}
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		c.OnRequest = func(RequestRecord) { requestRecords.Add(1) }
+	}
+	// What is refused so has no record of its own (a member's refusals
+	// would take the room of records that wait for the file); once records
+	// are kept again, the log counts them, once.
+	const said = "connections and requests were refused, unrecorded, while records could not be written"
+	counted := func(t *testing.T, want ...int) {
+		t.Helper()
+		var got []int
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if _, n, ok := strings.Cut(l, " refused="); ok && strings.Contains(l, said) {
+				c, _ := strconv.Atoi(n)
+				got = append(got, c)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("refusals counted in the log: %v, want %v:\n%s", got, want, logs.String())
 		}
 	}
 	t.Run("spliced", func(t *testing.T) {
@@ -649,14 +674,15 @@ func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 		if got := len(up.requests()); got != before {
 			t.Errorf("the upstream got %d requests while records could not be written", got-before)
 		}
-		waitRecords(t, h, 1)
-		if r := h.Records()[0]; r.Verdict != policy.Deny || !strings.Contains(r.Reason, "cannot write its audit records") || r.Close != "reset" {
-			t.Errorf("record = %+v", r)
-		}
 		failing.Store(false)
 		if body, err := h.get(t, "https", "allowed.test", up.httpsPort); err != nil || body != "internet" {
 			t.Errorf("once recording again: %v %q", err, body)
 		}
+		waitRecords(t, h, 1)
+		if rs := h.Records(); len(rs) != 1 || rs[0].Verdict != policy.Allow {
+			t.Errorf("records: %+v, want only the connection once recording again", rs)
+		}
+		counted(t, 1)
 	})
 	t.Run("intercepted", func(t *testing.T) {
 		port := up.httpsPort
@@ -692,6 +718,11 @@ func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 		if code, body := get(); code != 200 || body != "internet" {
 			t.Errorf("after: %d %q", code, body)
 		}
+		// (A request is recorded once its answer has left.)
+		if !testenv.Poll(5*time.Second, func() bool { return requestRecords.Load() >= 2 }) || requestRecords.Load() != 2 {
+			t.Errorf("%d requests recorded, want the two answered", requestRecords.Load())
+		}
+		counted(t, 1)
 		// A request held for a person while records stop is not
 		// forwarded when the person allows it.
 		done := make(chan int, 1)
@@ -715,6 +746,13 @@ func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 		if code != http.StatusServiceUnavailable || len(up.requests()) != before {
 			t.Errorf("held request allowed while not recording: %d, %d requests upstream", code, len(up.requests())-before)
 		}
+		if code, body := get(); code != 200 || body != "internet" {
+			t.Errorf("after the held one: %d %q", code, body)
+		}
+		if !testenv.Poll(5*time.Second, func() bool { return requestRecords.Load() >= 3 }) || requestRecords.Load() != 3 {
+			t.Errorf("%d requests recorded, want the three answered", requestRecords.Load())
+		}
+		counted(t, 1, 1)
 	})
 	t.Run("member API, kept alive", func(t *testing.T) {
 		api := &memberAPI{}
@@ -758,5 +796,6 @@ func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 		if code, _, body := get(); code != 200 || !strings.Contains(body, "member api") {
 			t.Errorf("after: %d %q", code, body)
 		}
+		counted(t, 1)
 	})
 }
