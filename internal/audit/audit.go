@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -198,7 +199,14 @@ func Open(cfg Config) (*Journal, error) {
 }
 
 func (j *Journal) openCurrent() error {
-	f, err := os.OpenFile(filepath.Join(j.cfg.Dir, currentFile), os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o600)
+	name := filepath.Join(j.cfg.Dir, currentFile)
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o600)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The directory is gone (removed by hand): made again.
+		if err = os.MkdirAll(j.cfg.Dir, 0o700); err == nil {
+			f, err = os.OpenFile(name, os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o600)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("audit: %w", err)
 	}
@@ -277,6 +285,7 @@ func (j *Journal) retry() bool {
 }
 
 func (j *Journal) add(e Entry, commit bool) Entry {
+	bound(&e)
 	j.mu.Lock()
 	if j.failed != nil && j.pendingLocked() >= j.cfg.MaxPendingBytes && j.retry() {
 		// Room, if the file takes what waits now. (Before e is numbered: a
@@ -359,7 +368,13 @@ func (j *Journal) writeLocked() {
 		// record in order. A record cut short is written again whole, on a
 		// line of its own (openCurrent ends the cut one).
 		if n > 0 && b[n-1] != '\n' {
-			n = bytes.LastIndexByte(b[:n], '\n') + 1
+			if n < len(b) && b[n] == '\n' {
+				// All of it but its newline: the record is whole in the
+				// file, and openCurrent ends its line.
+				n++
+			} else {
+				n = bytes.LastIndexByte(b[:n], '\n') + 1
+			}
 		}
 		rest := b[:copy(b, b[n:])]
 		j.spare = j.buf[:0]
@@ -475,19 +490,56 @@ func (j *Journal) scan(f func(Entry) bool) {
 		if err != nil {
 			continue
 		}
-		sc := bufio.NewScanner(file)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
+		more := scanLines(file, func(line []byte) bool {
 			var e Entry
-			if json.Unmarshal(sc.Bytes(), &e) != nil {
-				continue
+			if json.Unmarshal(line, &e) != nil {
+				return true
 			}
-			if !f(e) {
-				file.Close()
-				return
-			}
-		}
+			return f(e)
+		})
 		file.Close()
+		if !more {
+			return
+		}
+	}
+}
+
+// maxLine is the longest line scan reads; a longer one (a record written
+// before records were bounded, or not by this journal) is skipped.
+const maxLine = 4 << 20
+
+// scanLines calls f with each line of r (without its '\n') until f
+// returns false, and reports whether f wanted more. A line longer than
+// maxLine is skipped whole, not taken for the end of the file.
+func scanLines(r io.Reader, f func([]byte) bool) bool {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var long []byte // the start of a line longer than br's buffer
+	skip := false   // the line so far is longer than maxLine
+	for {
+		piece, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			if long = append(long, piece...); len(long) > maxLine {
+				skip, long = true, long[:0]
+			}
+			continue
+		}
+		ended := len(piece) > 0 && piece[len(piece)-1] == '\n'
+		line := bytes.TrimSuffix(piece, []byte{'\n'})
+		if len(long) > 0 {
+			line = append(long, line...)
+		}
+		// A last line without '\n' is a record cut short by a crash, or
+		// whole: it is read like any.
+		if len(line) > 0 && !skip && len(line) <= maxLine && !f(line) {
+			return false
+		}
+		if !ended {
+			return true // the end of the file (or an error reading it)
+		}
+		long, skip = long[:0], false
+		if cap(long) > 1<<20 {
+			long = nil // not kept for the lines after
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -647,5 +648,205 @@ func TestJournalBoundCountsAWriteInFlight(t *testing.T) {
 	}
 	if !sort.SliceIsSorted(seqs, func(a, b int) bool { return seqs[a] < seqs[b] }) {
 		t.Error("records out of order")
+	}
+}
+
+// TestJournalWritesOnceARecordCutBeforeItsNewline: a write that fails with
+// every byte of a record on disk but its newline (a full disk whose last
+// free byte is the record's '}') leaves the record in the file once, its
+// line ended when writes succeed again.
+//
+// The full disk is RLIMIT_FSIZE: write(2) writes up to the limit and
+// fails (EFBIG) past it, as on a filesystem with that many bytes free.
+func TestJournalWritesOnceARecordCutBeforeItsNewline(t *testing.T) {
+	dir := t.TempDir()
+	j, err := Open(Config{Dir: dir, RetryEvery: time.Nanosecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "one.example"})
+	fi, err := os.Stat(filepath.Join(dir, currentFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	two := Entry{Seq: 2, Time: when, Kind: KindDNS, Sandbox: "sb", Host: "two.example"}
+	line := appendEntry(nil, &two) // without its newline
+
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	lim := old
+	lim.Cur = uint64(fi.Size()) + uint64(len(line)) // room for all of it but the '\n'
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	two.Seq = 0
+	j.Add(two)
+	failed := j.Err()
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if failed == nil {
+		t.Fatal("Err after a write past the limit: nil")
+	}
+	j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "three.example"})
+	if err := j.Err(); err != nil {
+		t.Fatalf("Err once there is room: %v", err)
+	}
+	seen := map[uint64]int{}
+	var seqs []uint64
+	for _, e := range readAll(t, dir) {
+		seen[e.Seq]++
+		seqs = append(seqs, e.Seq)
+	}
+	for seq, n := range seen {
+		if n != 1 {
+			t.Errorf("record %d is in the file %d times (seqs on disk %v)", seq, n, seqs)
+		}
+	}
+	if len(seqs) != 3 {
+		t.Errorf("seqs on disk %v, want [1 2 3]", seqs)
+	}
+}
+
+// TestJournalBoundsWhatAMemberSent: a record keeps at most a bounded part
+// of what a member sent (here a request with a megabyte of header bytes
+// that each take six to write, a long URL and a long reason) and says how
+// much was cut; the records after it are read back after a restart.
+func TestJournalBoundsWhatAMemberSent(t *testing.T) {
+	dir := t.TempDir()
+	j, err := Open(Config{Dir: dir, Memory: 10, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "before.example"})
+	headers := map[string][]string{"A-Pad": {strings.Repeat("\xff", 1<<20)}, "Accept": {"*/*"}}
+	for i := range 100 {
+		headers[fmt.Sprintf("X-Many-%03d", i)] = []string{strings.Repeat("v", 500)}
+	}
+	url := "https://x.example/" + strings.Repeat("a", 100<<10)
+	got := j.Add(Entry{Kind: KindRequest, Sandbox: "sb", Host: "x.example", URL: url, Reason: strings.Repeat("r", 10<<10), Headers: headers})
+	for range 20 {
+		j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "after.example"})
+	}
+	if len(headers["A-Pad"][0]) != 1<<20 {
+		t.Error("the caller's headers were changed")
+	}
+	if !strings.HasPrefix(got.URL, url[:maxURL]) || !strings.HasSuffix(got.URL, "…[cut: "+strconv.Itoa(len(url))+" bytes]") {
+		t.Errorf("URL kept: %d bytes ending %q", len(got.URL), got.URL[len(got.URL)-40:])
+	}
+	if !strings.HasSuffix(got.Reason, "…[cut: 10240 bytes]") || len(got.Reason) > maxText+40 {
+		t.Errorf("reason kept: %d bytes", len(got.Reason))
+	}
+	size := 0
+	for k, vv := range got.Headers {
+		for _, v := range vv {
+			size += len(k) + len(v)
+		}
+	}
+	first := func(k string) string {
+		if v := got.Headers[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	if size > maxHeaders+100 || first("Accept") != "*/*" || !strings.Contains(first(cutHeader), "header values left out") ||
+		!strings.HasSuffix(first("A-Pad"), "…[cut: 1048576 bytes]") {
+		t.Errorf("headers kept: %d bytes, Accept %q, %s %q", size, got.Headers["Accept"], cutHeader, got.Headers[cutHeader])
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, currentFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() > 200<<10 {
+		t.Errorf("the file holds %d bytes for 22 records", fi.Size())
+	}
+	j, err = Open(Config{Dir: dir, Memory: 10, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if e := j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "restarted.example"}); e.Seq != 23 {
+		t.Errorf("the first record after a restart has seq %d, want 23", e.Seq)
+	}
+	if got := j.Query(Filter{Limit: 100}); len(got) != 23 {
+		t.Errorf("Query lists %d records after a restart, want 23", len(got))
+	}
+}
+
+// TestJournalReadsPastAnOverLongLine: a line longer than scan reads (a
+// record from before records were bounded) is skipped, not taken for the
+// end of its file: the records after it are listed and numbered on.
+func TestJournalReadsPastAnOverLongLine(t *testing.T) {
+	dir := t.TempDir()
+	var file []byte
+	for seq, host := range []string{"one.example", "", "three.example", "", "five.example"} {
+		switch e := (Entry{Seq: uint64(seq + 1), Kind: KindDNS, Sandbox: "sb", Host: host}); {
+		case seq == 1:
+			e.Reason = strings.Repeat("x", maxLine+1) // a valid record, too long to read
+			file = appendEntry(file, &e)
+		case seq == 3:
+			file = append(file, strings.Repeat("y", 200<<10)...) // long, within maxLine, not JSON
+		default:
+			file = appendEntry(file, &e)
+		}
+		file = append(file, '\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, currentFile), file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j, err := Open(Config{Dir: dir, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	var hosts []string
+	for _, e := range j.Query(Filter{}) {
+		hosts = append(hosts, e.Host)
+	}
+	if !slices.Equal(hosts, []string{"one.example", "three.example", "five.example"}) {
+		t.Errorf("records read: %q", hosts)
+	}
+	if e := j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "six.example"}); e.Seq != 6 {
+		t.Errorf("the next record has seq %d, want 6", e.Seq)
+	}
+}
+
+// TestJournalMakesItsDirectoryAgain: a journal whose directory was
+// removed while its file could not be written makes it again, and the
+// records waiting reach the new file.
+func TestJournalMakesItsDirectoryAgain(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "sb")
+	j, err := Open(Config{Dir: dir, RetryEvery: time.Nanosecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "one.example"})
+	breakFile(t, j, false)
+	j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "waits.example"})
+	if j.Err() == nil {
+		t.Fatal("Err: nil while the file cannot be opened")
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	j.Add(Entry{Kind: KindDNS, Sandbox: "sb", Host: "after.example"})
+	if err := j.Err(); err != nil {
+		t.Fatalf("Err with the directory gone: %v", err)
+	}
+	var hosts []string
+	for _, e := range readAll(t, dir) {
+		hosts = append(hosts, e.Host)
+	}
+	if !slices.Equal(hosts, []string{"waits.example", "after.example"}) {
+		t.Errorf("records in the directory made again: %q", hosts)
 	}
 }
