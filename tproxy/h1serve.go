@@ -99,6 +99,7 @@ func (s *h1Server) serve() {
 	s.watch.s, s.watch.cancel = s, s.cancel
 	s.timer = time.AfterFunc(time.Hour, s.watch.expire)
 	s.timer.Stop()
+	defer s.timer.Stop()
 	for first := true; ; first = false {
 		// Between requests the connection may idle; the first request, and
 		// every head once it has begun, must come within PeekTimeout.
@@ -287,10 +288,8 @@ func (s *h1Server) serveRequest(req *http.Request) (keep, hijacked bool) {
 	// as http.Server watches every request: a client that goes away
 	// cancels the requests' context (an approval it waits for, the
 	// upstream exchange). Quick ones never pay for the watch.
-	s.timer.Reset(watchAfter)
 	defer w.recordNow() // a request that ended otherwise
 	ok := s.runHandler(w, req)
-	s.timer.Stop()
 	gone := watch.stop()
 	switch {
 	case w.hijacked:
@@ -338,7 +337,14 @@ type clientWatch struct {
 	s      *h1Server
 	cancel context.CancelFunc
 
-	mu      sync.Mutex // guards the following fields
+	mu sync.Mutex // guards the following fields
+	// The timer (s.timer) is not set and stopped for each request, which
+	// would wake the runtime's network poller each time: once set, it
+	// stays set while requests follow each other, and when it fires for
+	// a request that started since, it is set again for that one's due
+	// time. It is left unset once no request is in flight.
+	armed   bool
+	start   time.Time // of the request in flight
 	due     bool
 	bodyEOF bool
 	stopped bool
@@ -352,16 +358,28 @@ func (c *clientWatch) reset(bodyEOF bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.due, c.bodyEOF, c.stopped, c.done = false, bodyEOF, false, nil
+	c.start = time.Now()
+	if !c.armed {
+		c.armed = true
+		c.s.timer.Reset(watchAfter)
+	}
 }
 
-// expire is the timer's: the request is due.
+// expire is the timer's: the request in flight is due, or will be.
 func (c *clientWatch) expire() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.stopped {
-		c.due = true
-		c.startLocked()
+	c.armed = false
+	if c.stopped {
+		return // no request in flight
 	}
+	if left := watchAfter - time.Since(c.start); left > 0 {
+		c.armed = true
+		c.s.timer.Reset(left)
+		return
+	}
+	c.due = true
+	c.startLocked()
 }
 
 // sawEOF is the body's: it has been read to its end.

@@ -144,14 +144,28 @@ func TestBumpClientLeavingEndsItsHeldRequest(t *testing.T) {
 	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), up.httpsPort), policy)
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.CertPEM())
-	c, r := dialAPI(t, h, roots)()
-	fmt.Fprintf(c, "GET /v2/held HTTP/1.1\r\nHost: api.allowed.test:%d\r\n\r\n", up.httpsPort)
-	h.waitPending(t, 1)
-	c.Close()
-	if !testenv.Poll(5*time.Second, func() bool { return len(h.broker.List()) == 0 }) {
-		t.Errorf("pending after the client left: %+v", h.broker.List())
+	// The held request first on its connection, and right after a quick
+	// one (the watch's timer, set for that one, comes due while this one
+	// waits).
+	for _, quickFirst := range []bool{false, true} {
+		c, r := dialAPI(t, h, roots)()
+		if quickFirst {
+			fmt.Fprintf(c, "GET /v1/quick HTTP/1.1\r\nHost: api.allowed.test:%d\r\n\r\n", up.httpsPort)
+			resp, err := http.ReadResponse(r, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		fmt.Fprintf(c, "GET /v2/held HTTP/1.1\r\nHost: api.allowed.test:%d\r\n\r\n", up.httpsPort)
+		h.waitPending(t, 1)
+		c.Close()
+		if !testenv.Poll(5*time.Second, func() bool { return len(h.broker.List()) == 0 }) {
+			t.Errorf("quick one first %v: pending after the client left: %+v", quickFirst, h.broker.List())
+		}
+		r.ReadByte()
 	}
-	r.ReadByte()
 }
 
 // TestForwardHeadAsTheReverseProxy: what forward writes upstream for a GET
