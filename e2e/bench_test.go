@@ -443,13 +443,17 @@ func benchConns(b *testing.B, label string, paths []benchPath, c, n, names int, 
 // h2load (HTTP/2, one stream at a time per connection, so that both
 // protocols carry the same concurrency), pinned to CPU 1, and reports
 // requests/s and the proxy's CPU time per request. Paths that do not
-// offer HTTP/2 (sslsplit, squid) get h2load --h1.
+// offer HTTP/2 (sslsplit, squid) get h2load --h1. h1-1conn is wrk over
+// one connection: one request at a time, as one agent sends them, where
+// every hand-off's latency counts.
 func benchKeepalive(b *testing.B, paths []benchPath, secs int) {
-	for _, proto := range []string{"h1", "h2"} {
+	for _, proto := range []string{"h1", "h2", "h1-1conn"} {
 		benchRounds(b, "keepalive-"+proto, paths, func(b *testing.B, p benchPath, _ int) figures {
 			d := strconv.Itoa(secs)
 			var argv []string
 			switch {
+			case proto == "h1-1conn":
+				argv = []string{"wrk", "-t1", "-c1", "-d" + d + "s", "https://allowed.test/"}
 			case proto == "h1":
 				argv = []string{"wrk", "-t1", "-c8", "-d" + d + "s", "https://allowed.test/"}
 			case p.noH2:

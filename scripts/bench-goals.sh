@@ -85,6 +85,7 @@ awk -v secs="${1:-?}" -v missedfile="$missed" -v rounds="$rounds" '
 		context("a DNS denial: gate vs dnsmasq", "dns-denied", "gate", "dns-denied", "dnsmasq", "cpu-us/q", "%.2f µs")
 		context("an intercepted request, HTTP/1.1 keep-alive: airlockd vs sslsplit", "intercept/keepalive-h1", "airlock", "intercept/keepalive-h1", "sslsplit", "cpu-us/req", "%.1f µs")
 		context("thread switches per intercepted request, HTTP/1.1: airlockd vs sslsplit", "intercept/keepalive-h1", "airlock", "intercept/keepalive-h1", "sslsplit", "switches/req", "%.2f")
+		context("an intercepted request, HTTP/1.1, one connection: airlockd vs sslsplit", "intercept/keepalive-h1-1conn", "airlock", "intercept/keepalive-h1-1conn", "sslsplit", "cpu-us/req", "%.1f µs")
 		context("an intercepted request, HTTP/2 keep-alive: airlockd vs sslsplit (HTTP/1.1)", "intercept/keepalive-h2", "airlock", "intercept/keepalive-h2", "sslsplit", "cpu-us/req", "%.1f µs")
 		context("a new intercepted connection, warm: airlockd vs sslsplit", "intercept/handshake-warm", "airlock", "intercept/handshake-warm", "sslsplit", "cpu-us/conn", "%.0f µs")
 		print ""
