@@ -495,6 +495,7 @@ func (j *Journal) scan(f func(Entry) bool) {
 			if json.Unmarshal(line, &e) != nil {
 				return true
 			}
+			bound(&e) // a record written before records were bounded
 			return f(e)
 		})
 		file.Close()

@@ -17,8 +17,10 @@ const (
 	maxHeaders = 8 << 10
 )
 
-// cutHeader is the header that says what of a record's headers was cut.
-const cutHeader = "Airlock-Cut"
+// cutHeader is the header that says what of a record's headers was cut:
+// a name no HTTP header can have (':' is not in a token), so that a
+// member cannot send it.
+const cutHeader = "airlock:cut"
 
 // bound cuts e's texts to their limits.
 func bound(e *Entry) {
@@ -51,7 +53,7 @@ func boundHeaders(h map[string][]string) map[string][]string {
 	size, fits := 0, true
 	for k, vv := range h {
 		size += len(k)
-		fits = fits && len(k) <= maxText
+		fits = fits && len(k) <= maxText && k != cutHeader
 		for _, v := range vv {
 			size += len(v)
 			fits = fits && len(v) <= maxText
@@ -68,6 +70,9 @@ func boundHeaders(h map[string][]string) map[string][]string {
 	slices.Sort(keys)
 	left, dropped := maxHeaders, 0
 	for _, k := range keys {
+		if k == cutHeader {
+			continue // said by airlock only
+		}
 		name := cut(k, maxText)
 		for _, v := range h[k] {
 			v = cut(v, maxText)
