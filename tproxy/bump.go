@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -167,7 +168,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		rec.Status, rec.ResBytes, rec.TTFB = rw.status, rw.n, rw.ttfb
-		rec.ReqBytes, rec.Duration = body.n, time.Since(start)
+		rec.ReqBytes, rec.Duration = body.n.Load(), time.Since(start)
 		if hw, ok := w.(*h1Response); ok {
 			// Recorded once the answer's last bytes have left: the
 			// journal's write is not on the way to the member.
@@ -543,8 +544,11 @@ func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter
 // writes the 101 on the connection it takes, so that is the status.
 func (w *recordingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
-	if err == nil && w.status == 0 {
-		w.status, w.ttfb = http.StatusSwitchingProtocols, time.Since(w.start)
+	if err == nil && w.status < 200 { // none yet, or 103 Early Hints before it
+		if w.status == 0 {
+			w.ttfb = time.Since(w.start)
+		}
+		w.status = http.StatusSwitchingProtocols
 	}
 	return c, brw, err
 }
@@ -555,12 +559,14 @@ func (w *recordingWriter) Flush() {
 
 type countingBody struct {
 	io.ReadCloser
-	n int64
+	// n is read for the record while a Transport's write loop may still
+	// be reading the body (an upstream that answered before reading it).
+	n atomic.Int64
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	b.n += int64(n)
+	b.n.Add(int64(n))
 	return n, err
 }
 

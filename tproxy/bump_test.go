@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/testenv"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -325,5 +326,58 @@ func TestBumpRecordsEveryRequestOnce(t *testing.T) {
 		if seen[p] != 1 {
 			t.Errorf("%s recorded %d times, want once", p, seen[p])
 		}
+	}
+}
+
+// TestBumpUpgradeAfterEarlyHintsRecords101: an upstream that sends 103
+// Early Hints before it switches protocols: the record's status is the
+// 101 the member got at last, not the 103.
+func TestBumpUpgradeAfterEarlyHintsRecords101(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	var mu sync.Mutex
+	var records []RequestRecord
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d/v1/*", port)),
+		func(c *Config) {
+			c.OnRequest = func(r RequestRecord) {
+				mu.Lock()
+				records = append(records, r)
+				mu.Unlock()
+			}
+		})
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "GET /v1/ws-hints HTTP/1.1\r\nHost: api.allowed.test:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", port)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	var got []string
+	for len(got) < 10 {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			break
+		}
+		if strings.HasPrefix(l, "HTTP/1.1 ") {
+			got = append(got, strings.TrimSpace(l))
+			if strings.Contains(l, " 101 ") {
+				break
+			}
+		}
+	}
+	c.Close()
+	if len(got) == 0 || !strings.Contains(got[len(got)-1], "101") {
+		t.Fatalf("status lines: %q", got)
+	}
+	if !testenv.Poll(5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(records) > 0 }) {
+		t.Fatal("no record")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if r := records[0]; r.Status != 101 {
+		t.Errorf("member got %q; the record says status %d, want 101", got, r.Status)
 	}
 }
