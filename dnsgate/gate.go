@@ -275,6 +275,7 @@ func (g *Gate) Close() error {
 		}
 	}
 	g.wg.Wait()
+	g.sayRefused() // what no later query would have told
 	return errors.Join(errs...)
 }
 
@@ -535,7 +536,7 @@ func (g *Gate) emit(ev Event) { g.emitTo(ev, g.cfg.OnEvent) }
 
 // unrecorded reports that events are not being recorded (Config.Recording).
 // The first call that finds them recorded again logs how many queries were
-// refused meanwhile: those have no record of their own.
+// refused meanwhile (sayRefused): those have no record of their own.
 func (g *Gate) unrecorded() bool {
 	if g.cfg.Recording == nil {
 		return false
@@ -543,12 +544,18 @@ func (g *Gate) unrecorded() bool {
 	if g.cfg.Recording() != nil {
 		return true
 	}
+	g.sayRefused()
+	return false
+}
+
+// sayRefused logs how many queries were refused unrecorded since it last
+// did, if any: once records are written again, and at Close.
+func (g *Gate) sayRefused() {
 	if g.refused.Load() != 0 {
 		if n := g.refused.Swap(0); n != 0 {
 			g.log.Warn("dns: queries were answered SERVFAIL, unrecorded, while records could not be written", "queries", n)
 		}
 	}
-	return false
 }
 
 // servfail is the SERVFAIL answer to req.

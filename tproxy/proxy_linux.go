@@ -277,6 +277,7 @@ func (p *Proxy) Close() error {
 		p.wg.Wait()
 		p.h1.sweep(true)
 		p.pipes.close()
+		p.sayRefused() // what no later connection would have told
 	})
 	return err
 }
@@ -634,12 +635,19 @@ func (p *Proxy) unrecorded() string {
 		// members read this.
 		return "airlock cannot write its audit records: everything is refused until it can"
 	}
+	p.sayRefused()
+	return ""
+}
+
+// sayRefused logs how many connections and requests were refused
+// unrecorded since it last did, if any: once records are kept again, and
+// at Close.
+func (p *Proxy) sayRefused() {
 	if p.refused.Load() != 0 {
 		if n := p.refused.Swap(0); n != 0 {
 			p.log.Warn("proxy: connections and requests were refused, unrecorded, while records could not be written", "refused", n)
 		}
 	}
-	return ""
 }
 
 // finish records a connection, and logs it unless log is false (a

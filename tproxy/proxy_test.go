@@ -93,6 +93,9 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer c.Close()
+		if path.Base(r.URL.Path) == "ws-hints" { // an Early Hints before the switch
+			brw.WriteString("HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+		}
 		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 		brw.Flush()
 		io.Copy(c, brw)
@@ -682,6 +685,18 @@ func TestProxyRefusesWhatItCannotRecord(t *testing.T) {
 		if rs := h.Records(); len(rs) != 1 || rs[0].Verdict != policy.Allow {
 			t.Errorf("records: %+v, want only the connection once recording again", rs)
 		}
+		counted(t, 1)
+	})
+	t.Run("counted at close", func(t *testing.T) {
+		// Refused, and the proxy closes before anything else comes: the
+		// count is logged all the same.
+		h := newHarness(t, up, netip.AddrPortFrom(fake("allowed.test"), up.httpsPort), rules(up.httpsPort, fmt.Sprintf("allowed.test:%d", up.httpsPort)), recording)
+		failing.Store(true)
+		defer failing.Store(false)
+		if body, err := h.get(t, "https", "allowed.test", up.httpsPort); err == nil {
+			t.Fatalf("fetched %q while records could not be written", body)
+		}
+		h.proxy.Close()
 		counted(t, 1)
 	})
 	t.Run("intercepted", func(t *testing.T) {
