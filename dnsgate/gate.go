@@ -10,11 +10,11 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
 
+	"github.com/airlockhq/airlock/internal/ratelog"
 	"github.com/airlockhq/airlock/internal/transparent"
 	"github.com/airlockhq/airlock/policy"
 )
@@ -133,7 +133,7 @@ type Gate struct {
 	forwarded chan struct{} // a slot for each query being forwarded, MaxForwarded in all
 	// refused counts the queries answered SERVFAIL, with no record each,
 	// while records could not be written; logged once they can again.
-	refused atomic.Uint64
+	refused ratelog.Count
 
 	mu      sync.Mutex // guards servers, udp, closed and addr
 	servers []*dns.Server
@@ -283,7 +283,7 @@ func (g *Gate) Close() error {
 func (g *Gate) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if g.unrecorded() {
 		// Refused before anything is decided or recorded (see serveUDP).
-		g.refused.Add(1)
+		g.refused.Add()
 		w.WriteMsg(servfail(req))
 		return
 	}
@@ -551,11 +551,7 @@ func (g *Gate) unrecorded() bool {
 // sayRefused logs how many queries were refused unrecorded since it last
 // did, if any: once records are written again, and at Close.
 func (g *Gate) sayRefused() {
-	if g.refused.Load() != 0 {
-		if n := g.refused.Swap(0); n != 0 {
-			g.log.Warn("dns: queries were answered SERVFAIL, unrecorded, while records could not be written", "queries", n)
-		}
-	}
+	g.refused.Say(g.log, "dns: queries were answered SERVFAIL, unrecorded, while records could not be written", "queries")
 }
 
 // servfail is the SERVFAIL answer to req.

@@ -96,7 +96,7 @@ func (g *Gate) serveUDP(pc *net.UDPConn) {
 				// many for what waits in memory, and be left out of the
 				// file while its answer went out.
 				if len(b) >= 12 && b[2]&0x80 == 0 { // a query, not a response
-					g.refused.Add(1)
+					g.refused.Add()
 					out.Write(servfailQuery(b))
 				}
 				continue

@@ -164,7 +164,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	unrecorded := false // refused so: counted, not recorded (see Proxy.refused)
 	defer func() {
 		if unrecorded {
-			h.p.refused.Add(1)
+			h.p.refused.Add()
 			return
 		}
 		rec.Status, rec.ResBytes, rec.TTFB = rw.status, rw.n, rw.ttfb

@@ -67,7 +67,7 @@ func (p *Proxy) newMemberAPI(h http.Handler) *http.Server {
 	return &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if why := p.unrecorded(); why != "" {
-				p.refused.Add(1)
+				p.refused.Add()
 				w.Header().Set("Connection", "close")
 				refuseUnrecorded(w, why)
 				return

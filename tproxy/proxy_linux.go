@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/airlockhq/airlock/internal/ratelog"
 	"github.com/airlockhq/airlock/internal/transparent"
 	"github.com/airlockhq/airlock/policy"
 )
@@ -165,7 +166,7 @@ type Proxy struct {
 	// again. (A record each would let a member's refusals take the room
 	// that records waiting for the file have, and push out those that
 	// matter: a person's decisions, connections ending.)
-	refused atomic.Uint64
+	refused ratelog.Count
 	wg      sync.WaitGroup
 	close   sync.Once
 	ctx     context.Context
@@ -310,7 +311,7 @@ func (p *Proxy) accept() {
 		if p.unrecorded() != "" {
 			tc.SetLinger(0)
 			tc.Close()
-			p.refused.Add(1)
+			p.refused.Add()
 			continue
 		}
 		if why := p.limits.acquire(member); why != "" {
@@ -643,11 +644,7 @@ func (p *Proxy) unrecorded() string {
 // unrecorded since it last did, if any: once records are kept again, and
 // at Close.
 func (p *Proxy) sayRefused() {
-	if p.refused.Load() != 0 {
-		if n := p.refused.Swap(0); n != 0 {
-			p.log.Warn("proxy: connections and requests were refused, unrecorded, while records could not be written", "refused", n)
-		}
-	}
+	p.refused.Say(p.log, "proxy: connections and requests were refused, unrecorded, while records could not be written", "refused")
 }
 
 // finish records a connection, and logs it unless log is false (a

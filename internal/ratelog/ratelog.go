@@ -6,6 +6,7 @@ package ratelog
 import (
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -54,4 +55,22 @@ func (l *Limiter) Log(log *slog.Logger, key, msg string, attrs ...any) bool {
 	l.mu.Unlock()
 	log.Warn(msg, append(attrs, "left_out", left, "interval", every)...)
 	return true
+}
+
+// Count counts refusals that get no line (or record) of their own, and
+// logs how many when told, once. The zero value is ready; it is safe for
+// concurrent use, and Say costs one atomic load while nothing is counted.
+type Count struct{ n atomic.Uint64 }
+
+// Add counts one refusal.
+func (c *Count) Add() { c.n.Add(1) }
+
+// Say writes msg with the number counted since the last line, under key,
+// unless there is none.
+func (c *Count) Say(log *slog.Logger, msg, key string) {
+	if c.n.Load() != 0 {
+		if n := c.n.Swap(0); n != 0 {
+			log.Warn(msg, key, n)
+		}
+	}
 }

@@ -28,3 +28,20 @@ func TestOncePerIntervalPerKey(t *testing.T) {
 		t.Errorf("lines:\n%s", out.String())
 	}
 }
+
+// TestCount: Say writes the number counted since its last line, once, and
+// nothing when none was.
+func TestCount(t *testing.T) {
+	var b bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&b, nil))
+	var c Count
+	c.Say(log, "refused", "n")
+	for range 3 {
+		c.Add()
+	}
+	c.Say(log, "refused", "n")
+	c.Say(log, "refused", "n")
+	if got := b.String(); strings.Count(got, "msg=refused") != 1 || !strings.Contains(got, "n=3") {
+		t.Errorf("log: %q, want one line with n=3", got)
+	}
+}
