@@ -519,6 +519,9 @@ func scanLines(r io.Reader, f func([]byte) bool) bool {
 	for {
 		piece, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
+			if skip {
+				continue // the rest of a line already too long
+			}
 			if long = append(long, piece...); len(long) > maxLine {
 				skip, long = true, long[:0]
 			}
