@@ -718,19 +718,7 @@ func TestGateCommitsHeldEventsBeforeAnswering(t *testing.T) {
 // it, whichever path answers (fast fake-IP and denied answers in a batch,
 // a forwarded TXT, TCP); once it reports none, answers are as before.
 func TestGateAnswersNothingItCannotRecord(t *testing.T) {
-	var failing atomic.Bool
-	var logs testworld.SyncBuffer
-	w := newWorldWith(t, GuardConfig{}, func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		c.OnEventHeld = func(Event) {}
-		c.Commit = func() {}
-		c.Recording = func() error {
-			if failing.Load() {
-				return errors.New("disk full")
-			}
-			return nil
-		}
-	}, "allowed.test", "deny pastebin.com")
+	w, failing, logs := unrecordedWorld(t, "allowed.test", "deny pastebin.com")
 	type q struct {
 		netw, name string
 		qtype      uint16
@@ -764,6 +752,42 @@ func TestGateAnswersNothingItCannotRecord(t *testing.T) {
 	if got := logs.String(); strings.Count(got, said) != 1 || !strings.Contains(got, fmt.Sprintf("queries=%d", len(queries))) {
 		t.Errorf("log after recording again, want one line counting %d queries:\n%s", len(queries), got)
 	}
+}
+
+// TestGateLogsRefusedCountAtClose: queries refused while
+// records could not be written have no record each; the only trace is the
+// log's count. Once records are written again and the gate closes (the
+// sandbox stops) before any other query, the count must still be logged.
+func TestGateLogsRefusedCountAtClose(t *testing.T) {
+	w, failing, logs := unrecordedWorld(t, "allowed.test")
+	failing.Store(true)
+	for range 3 {
+		w.query(t, "udp", "allowed.test.", dns.TypeA)
+	}
+	failing.Store(false) // the journal is written again (by the proxy, say)
+	w.gate.Close()
+	const said = "queries were answered SERVFAIL, unrecorded"
+	if got := logs.String(); !strings.Contains(got, said) {
+		t.Errorf("3 queries refused unrecorded, records written again, gate closed: the log never counts them:\n%s", got)
+	}
+}
+
+// unrecordedWorld is a world with rules whose gate's records fail while
+// failing is set, and whose log is logs.
+func unrecordedWorld(t *testing.T, rules ...string) (w *world, failing *atomic.Bool, logs *testworld.SyncBuffer) {
+	failing, logs = new(atomic.Bool), new(testworld.SyncBuffer)
+	w = newWorldWith(t, GuardConfig{}, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		c.OnEventHeld = func(Event) {}
+		c.Commit = func() {}
+		c.Recording = func() error {
+			if failing.Load() {
+				return errors.New("disk full")
+			}
+			return nil
+		}
+	}, rules...)
+	return w, failing, logs
 }
 
 // FuzzServfailWire: any bytes, made SERVFAIL, do not panic and never grow;

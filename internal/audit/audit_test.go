@@ -798,14 +798,7 @@ func TestJournalReadsPastAnOverLongLine(t *testing.T) {
 		}
 		file = append(file, '\n')
 	}
-	if err := os.WriteFile(filepath.Join(dir, currentFile), file, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	j, err := Open(Config{Dir: dir, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
+	j := openHistory(t, dir, file)
 	var hosts []string
 	for _, e := range j.Query(Filter{}) {
 		hosts = append(hosts, e.Host)
@@ -849,4 +842,19 @@ func TestJournalMakesItsDirectoryAgain(t *testing.T) {
 	if !slices.Equal(hosts, []string{"waits.example", "after.example"}) {
 		t.Errorf("records in the directory made again: %q", hosts)
 	}
+}
+
+// openHistory opens a journal in dir whose current file holds file, and
+// closes it when the test ends.
+func openHistory(t *testing.T, dir string, file []byte) *Journal {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, currentFile), file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j, err := Open(Config{Dir: dir, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	return j
 }

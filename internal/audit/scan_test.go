@@ -3,10 +3,7 @@ package audit
 import (
 	"bytes"
 	"io"
-	"log/slog"
 	"math/rand"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -144,14 +141,7 @@ func TestJournalBoundsRecordsReadBack(t *testing.T) {
 		file = appendEntry(file, &e)
 		file = append(file, '\n')
 	}
-	if err := os.WriteFile(filepath.Join(dir, currentFile), file, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	j, err := Open(Config{Dir: dir, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
+	j := openHistory(t, dir, file)
 	for _, e := range j.Query(Filter{}) {
 		if len(e.URL) > maxURL+64 || len(e.Headers["X-Big"]) > 0 && len(e.Headers["X-Big"][0]) > maxText+64 {
 			t.Fatalf("record %d read back unbounded: URL %d bytes, X-Big %d bytes", e.Seq, len(e.URL), len(e.Headers["X-Big"][0]))
