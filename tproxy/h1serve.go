@@ -469,12 +469,15 @@ func (b *h1RequestBody) Close() error { return nil }
 // off up to maxDrain bytes of what they left, within PeekTimeout. It
 // reports whether the body was read to its end.
 func (b *h1RequestBody) finish(skip bool) bool {
-	if !skip {
-		// A reader still waiting for bytes holds the lock: the deadline
-		// ends its wait.
+	// A reader still waiting for bytes (a Transport's body writer, whose
+	// upstream answered early) holds the lock: the deadline ends its
+	// wait, at once when nothing more is to be read.
+	if skip {
+		b.w.s.conn.SetReadDeadline(time.Unix(1, 0))
+	} else {
 		b.w.s.conn.SetReadDeadline(time.Now().Add(b.w.s.p.cfg.PeekTimeout))
-		defer b.w.s.conn.SetReadDeadline(time.Time{})
 	}
+	defer b.w.s.conn.SetReadDeadline(time.Time{})
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.closed = true

@@ -189,10 +189,88 @@ func (c *h1Client) RoundTrip(req *http.Request) (*http.Response, error) {
 	// rules hold for the connections they let through.
 	source, _ := req.Context().Value(sourceKey{}).(string)
 	if !pooled(req) || !c.take() {
-		return c.pool.transport(source).RoundTrip(req)
+		return c.pool.transportRoundTrip(source, req)
 	}
 	key := c.scheme + "://" + req.URL.Host + " " + source
 	return c.send(req, key, req.URL.Host, req.URL.Hostname(), upstreamHead{write: req.Write})
+}
+
+// transportRoundTrip sends req over member source's Transport.
+//
+// A request with a body has its own context, ended when the response's
+// body is closed. An HTTP/2 upstream may answer before it has read all of
+// a body the member is still sending; closing that response's body then
+// waits for the Transport's body writer, which waits in a read of the
+// member's body (the ReverseProxy keeps Close from reaching it), until the
+// member sends the rest or a timeout ends the connection. Ending the
+// context lets Close return at once, the member has its answer, and the
+// handler's return ends the read.
+//
+// A switch of protocols (101) is checked here, as the ReverseProxy checks
+// it, so that one it would refuse is closed: the ReverseProxy answers 502
+// without closing the upstream connection it was handed.
+func (l *h1Pool) transportRoundTrip(source string, req *http.Request) (*http.Response, error) {
+	cancel := context.CancelFunc(func() {})
+	if req.Body != nil && req.Body != http.NoBody {
+		ctx, stop := context.WithCancel(req.Context())
+		req, cancel = req.WithContext(ctx), stop
+	}
+	res, err := l.transport(source).RoundTrip(req)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	if res.StatusCode == http.StatusSwitchingProtocols {
+		rw, ok := res.Body.(io.ReadWriteCloser)
+		asked, got := upgradeType(req.Header), upgradeType(res.Header)
+		if !ok || got == "" || !strings.EqualFold(asked, got) || strings.IndexFunc(got, func(r rune) bool { return r < ' ' || r > '~' }) >= 0 {
+			res.Body.Close()
+			cancel()
+			return nil, fmt.Errorf("the upstream switched to protocol %q when asked for %q", got, asked)
+		}
+		res.Body = &cancelOnCloseRW{cancelOnClose{rw, cancel}, rw}
+		return res, nil
+	}
+	if req.Body != nil && req.Body != http.NoBody {
+		res.Body = &cancelOnClose{res.Body, cancel}
+	}
+	return res, nil
+}
+
+// upgradeType is the protocol a head's Upgrade names, if its Connection
+// says Upgrade.
+func upgradeType(h http.Header) string {
+	if !httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") {
+		return ""
+	}
+	return h.Get("Upgrade")
+}
+
+// cancelOnClose is a response body that ends its request's context when
+// it is closed, before closing.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	b.cancel()
+	return b.ReadCloser.Close()
+}
+
+// cancelOnCloseRW is a 101's body, the upgraded connection: a
+// cancelOnClose that writes and passes a half-close on, as the
+// ReverseProxy asks of it.
+type cancelOnCloseRW struct {
+	cancelOnClose
+	io.Writer
+}
+
+func (b *cancelOnCloseRW) CloseWrite() error {
+	if cw, ok := b.Writer.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return fmt.Errorf("CloseWrite: %w", http.ErrNotSupported)
 }
 
 // upstreamHead says how a request's head is written upstream: by write

@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -135,12 +137,9 @@ func TestBumpStreamsArriveAtOnce(t *testing.T) {
 	}
 }
 
-// laxUpstream serves HTTPS for api.allowed.test with handle writing raw
-// HTTP/1.1 answers to each request on a connection, as a lax or hostile
-// server would, and a proxy intercepting it (rules on /v1/*). It returns
-// a function that sends one request on a client connection of the proxy
-// and returns the answer's status and body.
-func laxUpstream(t *testing.T, handle func(c net.Conn, r *http.Request)) (send func(c *tls.Conn, r *bufio.Reader, method, path, header string) (int, string), dial func() (*tls.Conn, *bufio.Reader)) {
+// tlsUpstream listens for HTTPS (HTTP/1.1 only) as api.allowed.test,
+// with a CA of its own, whose file up names.
+func tlsUpstream(t *testing.T) (*upstream, net.Listener) {
 	t.Helper()
 	caPEM, leaf, err := testcerts.New([]string{"api.allowed.test"}, nil)
 	if err != nil {
@@ -153,6 +152,17 @@ func laxUpstream(t *testing.T, handle func(c net.Conn, r *http.Request)) (send f
 		t.Fatal(err)
 	}
 	up.httpsPort = uint16(ln.Addr().(*net.TCPAddr).Port)
+	return up, ln
+}
+
+// laxUpstream serves HTTPS for api.allowed.test with handle writing raw
+// HTTP/1.1 answers to each request on a connection, as a lax or hostile
+// server would, and a proxy intercepting it (rules on /v1/*). It returns
+// a function that sends one request on a client connection of the proxy
+// and returns the answer's status and body.
+func laxUpstream(t *testing.T, handle func(c net.Conn, r *http.Request)) (send func(c *tls.Conn, r *bufio.Reader, method, path, header string) (int, string), dial func() (*tls.Conn, *bufio.Reader)) {
+	t.Helper()
+	up, ln := tlsUpstream(t)
 	var conns sync.WaitGroup
 	// Registered before the proxy's cleanup, so it runs after it: the
 	// proxy closes its side of the connections first.
@@ -305,6 +315,192 @@ func TestBumpUpstreamConnectionsPerMember(t *testing.T) {
 		send(step.member, step.method)
 		if n := up.tlsConns.Load(); n != step.conns {
 			t.Errorf("after %s from %s: %d upstream connections, want %d", step.method, step.member, n, step.conns)
+		}
+	}
+}
+
+// TestBumpAnswerBeforeTheBodyEnds: an upstream (HTTP/2 here, as Go's
+// server speaks it to the proxy's Transport) answers an upload before the
+// member has sent all of its body. The member gets the answer at once,
+// over HTTP/1.1 and over HTTP/2, not when it sends the rest or a timeout
+// ends the wait, and the request is recorded with the answer's status.
+func TestBumpAnswerBeforeTheBodyEnds(t *testing.T) {
+	up := startUpstream(t)
+	records := make(chan RequestRecord, 4)
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), up.httpsPort),
+		rules(up.httpsPort, fmt.Sprintf("api.allowed.test:%d/v1/*", up.httpsPort)),
+		func(c *Config) { c.OnRequest = func(r RequestRecord) { records <- r } })
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	url := fmt.Sprintf("https://api.allowed.test:%d/v1/early", up.httpsPort)
+	for _, proto := range []string{"http/1.1", "h2"} {
+		tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: roots, NextProtos: []string{proto}},
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "tcp4", h.proxy.Addr().String())
+			}}
+		defer tr.CloseIdleConnections()
+		body, more := io.Pipe()
+		defer more.Close()
+		req, _ := http.NewRequest("POST", url, body)
+		req.ContentLength = 1 << 20
+		go more.Write([]byte("the first bytes of a large upload"))
+		type answer struct {
+			resp *http.Response
+			err  error
+		}
+		got := make(chan answer, 1)
+		go func() {
+			resp, err := tr.RoundTrip(req)
+			got <- answer{resp, err}
+		}()
+		select {
+		case a := <-got:
+			if a.err != nil {
+				t.Fatalf("%s: %v", proto, a.err)
+			}
+			b, _ := io.ReadAll(a.resp.Body)
+			a.resp.Body.Close()
+			if a.resp.StatusCode != http.StatusRequestEntityTooLarge || string(b) != "too large" {
+				t.Errorf("%s: %d %q, want the upstream's 413", proto, a.resp.StatusCode, b)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no answer while the member still owes most of its body", proto)
+		}
+		select {
+		case r := <-records:
+			if r.Method != "POST" || r.Status != http.StatusRequestEntityTooLarge {
+				t.Errorf("%s: recorded %s %d, want POST 413", proto, r.Method, r.Status)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("%s: the request was not recorded", proto)
+		}
+	}
+}
+
+// rawTLSUpstream serves HTTPS (HTTP/1.1 only) for api.allowed.test,
+// handing each connection's first request to handle, and returns the
+// upstream (for its port) and a dialer of member connections to a proxy
+// intercepting it.
+func rawTLSUpstream(t *testing.T, handle func(c net.Conn, br *bufio.Reader, r *http.Request)) (*upstream, func() (*tls.Conn, *bufio.Reader)) {
+	t.Helper()
+	up, ln := tlsUpstream(t)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				r, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				handle(c, br, r)
+			}()
+		}
+	}()
+	h, roots := apiHarness(t, up)
+	return up, dialAPI(t, h, roots)
+}
+
+// TestBumpUpgradeWithBodyPassesHalfClose: a WebSocket upgrade that
+// carries a body (so it takes transportRoundTrip's wrapped path) must
+// pass the member's half-close on to the upstream, as the ReverseProxy
+// does when the 101's body can CloseWrite (net/http's can),
+// and still deliver what the upstream sends after it.
+func TestBumpUpgradeWithBodyPassesHalfClose(t *testing.T) {
+	up, dial := rawTLSUpstream(t, func(c net.Conn, br *bufio.Reader, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, _ := io.ReadAll(br) // until the member's half-close reaches us
+		io.WriteString(c, "bye:"+string(got))
+	})
+	for _, body := range []string{"", "Content-Length: 5\r\n\r\nhello"} {
+		c, r := dial()
+		if body == "" {
+			body = "\r\n"
+		}
+		fmt.Fprintf(c, "GET /v1/ws HTTP/1.1\r\nHost: api.allowed.test:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n%s", up.httpsPort, body)
+		status, _ := r.ReadString('\n')
+		if !strings.Contains(status, "101") {
+			t.Fatalf("upgrade (%q): %q", body, status)
+		}
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil || l == "\r\n" {
+				break
+			}
+		}
+		io.WriteString(c, "ping")
+		c.CloseWrite()
+		rest, err := io.ReadAll(r)
+		if string(rest) != "bye:ping" {
+			t.Errorf("upgrade with body %q, after the member's half-close: %q %v, want %q", body, rest, err, "bye:ping")
+		}
+	}
+}
+
+// TestBumpEarlyAnswerEndsTheConnection: the member's upload is
+// answered early by an HTTP/2 upstream (the case d64d386 fixes), on a
+// request that said Connection: close. The member has its answer; the
+// proxy must then end the connection (within PeekTimeout at most, as it
+// does for a kept-alive one), not hold it, its goroutines and the
+// upstream stream for as long as the member keeps the socket open.
+// (Before the fix it failed when the Transport's body writer was
+// already in its read of the member's body as the 413 arrived.)
+func TestBumpEarlyAnswerEndsTheConnection(t *testing.T) {
+	up := startUpstream(t)
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), up.httpsPort),
+		rules(up.httpsPort, fmt.Sprintf("api.allowed.test:%d/v1/*", up.httpsPort)),
+		func(c *Config) { c.PeekTimeout = time.Second })
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	for _, conn := range []string{"keep-alive", "close"} {
+		c, r := dialAPI(t, h, roots)()
+		fmt.Fprintf(c, "POST /v1/early HTTP/1.1\r\nHost: api.allowed.test:%d\r\nConnection: %s\r\nContent-Length: 1048576\r\n\r\nthe first bytes of a large upload", up.httpsPort, conn)
+		status, _, err := readAnswer(r, false)
+		if status != "413" {
+			t.Fatalf("%s: %q %v, want the upstream's 413", conn, status, err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		start := time.Now()
+		_, err = r.ReadByte()
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Errorf("Connection: %s: the proxy still holds the connection %v after the answer (PeekTimeout 1s)", conn, time.Since(start).Round(time.Second))
+		}
+	}
+}
+
+// TestBumpUpgradeToAnotherProtocolIsClosed: an upstream that answers a
+// WebSocket upgrade by switching to another protocol gets its connection
+// closed, and the member a 502, with a body or without: the ReverseProxy
+// refuses such a switch but leaves the connection it was handed open, so
+// a member with such an upstream could make the proxy hold connections
+// without end.
+func TestBumpUpgradeToAnotherProtocolIsClosed(t *testing.T) {
+	closed := make(chan struct{}, 2)
+	up, dial := rawTLSUpstream(t, func(c net.Conn, br *bufio.Reader, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: tunnel\r\nConnection: Upgrade\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadAll(br); err == nil {
+			closed <- struct{}{}
+		}
+	})
+	for _, body := range []string{"\r\n", "Content-Length: 5\r\n\r\nhello"} {
+		c, r := dial()
+		fmt.Fprintf(c, "GET /v1/ws HTTP/1.1\r\nHost: api.allowed.test:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n%s", up.httpsPort, body)
+		if status, _ := r.ReadString('\n'); !strings.Contains(status, " 502 ") {
+			t.Errorf("a switch to another protocol (%q): %q, want 502", body, status)
+		}
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+			t.Errorf("a switch to another protocol (%q): the upstream connection was left open", body)
 		}
 	}
 }

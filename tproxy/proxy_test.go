@@ -110,6 +110,12 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 	case "echo":
 		io.Copy(w, r.Body)
 		return
+	case "early":
+		// Answers at once without reading the body (a server refusing
+		// an upload by its headers).
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		io.WriteString(w, "too large")
+		return
 	case "expect":
 		// Says what Expect it was sent.
 		io.WriteString(w, r.Header.Get("Expect"))
