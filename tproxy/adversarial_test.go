@@ -134,6 +134,14 @@ func TestMethodOverrideIsDecided(t *testing.T) {
 	if err != nil || status != 403 {
 		t.Errorf("POST with override \"POST, DELETE\": %d %v, want 403", status, err)
 	}
+	// Servers that read headers as CGI variables (Rack, WSGI) take "_"
+	// for "-".
+	for _, name := range []string{"X_Http_Method_Override", "x_http-method", "X-METHOD_OVERRIDE"} {
+		status, _, _, err = h.fetch(t, "POST", fmt.Sprintf("https://api.allowed.test:%d/v1/x", port), ca.CertFile(), http.Header{name: {"DELETE"}})
+		if err != nil || status != 403 {
+			t.Errorf("POST with %s: DELETE: %d %v, want 403", name, status, err)
+		}
+	}
 }
 
 // The host's own addresses are refused like loopback.

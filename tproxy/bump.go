@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -309,11 +310,16 @@ var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Met
 
 // overrideMethods returns the methods a request's override headers name,
 // upper-cased: every value of each, and every item of a comma-separated
-// value.
+// value. A header named with "_" for "-" counts too.
 func overrideMethods(h http.Header) []string {
 	var out []string
-	for _, k := range methodOverrides {
-		for _, v := range h[k] {
+	for k, vv := range h {
+		// Servers that read headers as CGI variables take "_" for "-".
+		name := strings.ReplaceAll(k, "_", "-")
+		if !slices.ContainsFunc(methodOverrides, func(o string) bool { return strings.EqualFold(o, name) }) {
+			continue
+		}
+		for _, v := range vv {
 			for _, m := range strings.Split(v, ",") {
 				if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
 					out = append(out, m)
