@@ -20,8 +20,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/http2"
-
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -102,10 +100,7 @@ func (p *Proxy) bump(c *conn, host string, port uint16) {
 		key: scheme + "://" + addr + " " + c.rec.Source, pool: &h1Client{pool: p.h1, scheme: scheme}}
 	h.fwd = p.reverseProxy(scheme, h.pool)
 	if proto == "h2" {
-		(&http2.Server{IdleTimeout: p.cfg.IdleTimeout}).ServeConn(newH2Conn(client), &http2.ServeConnOpts{
-			Context: p.ctx,
-			Handler: h,
-		})
+		newH2Server(p, client, h).serve()
 	} else {
 		newH1Server(p, client, h).serve()
 	}

@@ -580,22 +580,7 @@ func (w *h1Response) WriteHeader(code int) {
 	}
 	w.status = code
 	w.bodyless = w.req.Method == http.MethodHead || code < 200 || code == http.StatusNoContent || code == http.StatusNotModified
-	if cl := w.header.Get("Content-Length"); cl != "" {
-		if v, err := strconv.ParseInt(cl, 10, 64); err == nil && v >= 0 {
-			w.clen = v
-		} else {
-			w.header.Del("Content-Length")
-		}
-	}
-	for _, v := range w.header["Trailer"] {
-		for _, k := range strings.Split(v, ",") {
-			// Names valid for a trailer only, as http.Server declares
-			// them: no other field written, none that frames or routes.
-			if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); httpguts.ValidHeaderFieldName(k) && httpguts.ValidTrailerHeader(k) && !slices.Contains(w.trailers, k) {
-				w.trailers = append(w.trailers, k)
-			}
-		}
-	}
+	w.clen, w.trailers = responseFraming(w.header, w.trailers)
 	if w.req.Close || !w.req.ProtoAtLeast(1, 1) || code == http.StatusSwitchingProtocols {
 		w.closing = true
 	}
@@ -724,6 +709,30 @@ func writeHeaderValue(bw *bufio.Writer, v string) {
 		v = strings.NewReplacer("\r", " ", "\n", " ").Replace(v)
 	}
 	bw.WriteString(textproto.TrimString(v))
+}
+
+// responseFraming reads what a handler's header says of its answer's
+// framing: the Content-Length (-1 for none; an invalid one is dropped
+// from h) and the trailers declared, appended to trailers: names valid
+// for a trailer only, as http.Server declares them (no other field
+// written, none that frames or routes).
+func responseFraming(h http.Header, trailers []string) (int64, []string) {
+	clen := int64(-1)
+	if cl := h.Get("Content-Length"); cl != "" {
+		if v, err := strconv.ParseInt(cl, 10, 64); err == nil && v >= 0 {
+			clen = v
+		} else {
+			h.Del("Content-Length")
+		}
+	}
+	for _, v := range h["Trailer"] {
+		for _, k := range strings.Split(v, ",") {
+			if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); httpguts.ValidHeaderFieldName(k) && httpguts.ValidTrailerHeader(k) && !slices.Contains(trailers, k) {
+				trailers = append(trailers, k)
+			}
+		}
+	}
+	return clen, trailers
 }
 
 // FlushError sends what is buffered; a body of unknown length is chunked
