@@ -9,11 +9,14 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/airlockhq/airlock/internal/testenv"
+	"github.com/airlockhq/airlock/policy"
 )
 
 // Attacks found in review; each must fail.
@@ -168,4 +171,90 @@ func readStatus(r *bufio.Reader) (int, error) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// A "_method" parameter, in the query or in a form body, is decided like
+// the method it names: a server that honours it (Rails, Laravel, Symfony)
+// never gets a request it would act on as a method the rules refuse.
+func TestMethodOverrideParameterIsDecided(t *testing.T) {
+	up := startUpstream(t)
+	port := up.httpsPort
+	var mu sync.Mutex
+	var recs []RequestRecord
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d", port))+fmt.Sprintf("  network_denylist:\n    - pattern: \"DELETE api.allowed.test:%d\"\n", port),
+		func(c *Config) {
+			c.OnRequest = func(r RequestRecord) { mu.Lock(); recs = append(recs, r); mu.Unlock() }
+		})
+	url := fmt.Sprintf("https://api.allowed.test:%d/v1/form", port)
+	multipart := func(method string, file int) (string, string) {
+		return "multipart/form-data; boundary=XyZ", "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\n" +
+			strings.Repeat("x", file) + "\r\n--XyZ\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\n" + method + "\r\n--XyZ--\r\n"
+	}
+	for _, proto := range []string{"HTTP/1.1", "HTTP/2.0"} {
+		client := h.client(ca.CertFile(), proto == "HTTP/1.1")
+		defer client.CloseIdleConnections()
+		send := func(target, ctype, body string) (int, string) {
+			t.Helper()
+			req, _ := http.NewRequest("POST", target, strings.NewReader(body))
+			if ctype != "" {
+				req.Header.Set("Content-Type", ctype)
+			}
+			res, err := client.Do(req)
+			if err != nil {
+				t.Fatalf("%s POST %s: %v", proto, target, err)
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			if res.Proto != proto {
+				t.Fatalf("answered over %s, want %s", res.Proto, proto)
+			}
+			return res.StatusCode, string(b)
+		}
+		mpDelete, mpDeleteBody := multipart("DELETE", 300<<10)
+		mpPut, mpPutBody := multipart("put", 300<<10)
+		for _, c := range []struct {
+			name, target, ctype, body string
+			want                      int
+			form                      string // what the server acted on
+		}{
+			{"query", url + "?_method=DELETE", "", "", 403, ""},
+			{"query, another spelling", url + "?a=1;%5Fm%65thod=delete", "application/json", "{}", 403, ""},
+			{"form", url, "application/x-www-form-urlencoded", "a=1&_method=DELETE", 403, ""},
+			{"form without a type", url, "", "_method=DELETE&" + strings.Repeat("a=1&", 50000), 403, ""},
+			{"multipart", url, mpDelete, mpDeleteBody, 403, ""},
+			{"form, allowed", url, "application/x-www-form-urlencoded", "a=1&_method=PUT", 200, `POST "PUT" 0`},
+			{"multipart, allowed", url, mpPut, mpPutBody, 200, fmt.Sprintf(`POST "put" %d`, 300<<10)},
+			{"JSON is not a form", url, "application/json", `{"_method":"DELETE"}`, 200, `POST "" 0`},
+		} {
+			mu.Lock()
+			recs = nil
+			mu.Unlock()
+			up.mu.Lock()
+			up.forms = nil
+			up.mu.Unlock()
+			status, body := send(c.target, c.ctype, c.body)
+			if status != c.want {
+				t.Errorf("%s %s: %d %q, want %d", proto, c.name, status, body, c.want)
+			}
+			up.mu.Lock()
+			forms := up.forms
+			up.mu.Unlock()
+			if want := []string{c.form}; c.form == "" && len(forms) != 0 || c.form != "" && !slices.Equal(forms, want) {
+				t.Errorf("%s %s: the server acted on %q, want %q", proto, c.name, forms, c.form)
+			}
+			if c.want != 403 {
+				continue
+			}
+			if !strings.Contains(body, "DELETE") {
+				t.Errorf("%s %s: the refusal does not say why: %q", proto, c.name, body)
+			}
+			testenv.WaitFor(t, 5*time.Second, "the request's record", func() bool { mu.Lock(); defer mu.Unlock(); return len(recs) == 1 })
+			mu.Lock()
+			if r := recs[0]; r.Verdict != policy.Deny || r.Status != 403 || !strings.Contains(r.Reason, "DELETE") && !strings.Contains(r.Reason, "deny rule") {
+				t.Errorf("%s %s: recorded %s %d %q", proto, c.name, r.Verdict, r.Status, r.Reason)
+			}
+			mu.Unlock()
+		}
+	}
 }

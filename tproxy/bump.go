@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -207,9 +206,30 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	d := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, Path: target})
 	// Servers that honour a method override act on it: it is decided too,
-	// and the stricter answer stands.
-	// Every value is: servers differ on which of several they take.
-	for _, m := range overrideMethods(r.Header) {
+	// and the stricter answer stands. Every value is: servers differ on
+	// which of several they take.
+	_, query, _ := strings.Cut(target, "?")
+	queried, err := queryOverrides(query)
+	if err == nil {
+		var scan overrideScanner
+		if scan, err = bodyScanner(r); scan != nil {
+			ob := &overrideBody{ReadCloser: r.Body, scan: scan, decide: func(methods []string) *overrideRefusal {
+				return h.bodyOverrides(r.Method, rec.Source, target, methods)
+			}}
+			r.Body = ob
+			defer func() {
+				if ref := ob.refusal(); ref != nil {
+					rec.Verdict, rec.Reason, rec.Rule = policy.Deny, ref.reason, ref.rule
+				}
+			}()
+		}
+	}
+	if err != nil {
+		rec.Reason = err.Error()
+		h.forbid(rw, r, &rec)
+		return
+	}
+	for _, m := range append(overrideMethods(r.Header), queried...) {
 		if m != strings.ToUpper(r.Method) {
 			od := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: m, Path: target})
 			if od.Verdict == policy.Deny || od.Verdict == policy.Ask && d.Verdict == policy.Allow {
@@ -273,6 +293,31 @@ func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *Reques
 	io.WriteString(w, body)
 }
 
+// bodyOverrides decides the methods a request's form body names as
+// overrides: each must be allowed by a rule of its own, since nobody can
+// be asked once the body is on its way.
+func (h *bumpHandler) bodyOverrides(method, source, target string, methods []string) *overrideRefusal {
+	for _, m := range methods {
+		if m == strings.ToUpper(method) {
+			continue
+		}
+		d := h.p.cfg.Policy.Decide(policy.Query{Source: source, Host: h.host, Port: h.port, Method: m, Path: target})
+		if d.Verdict == policy.Allow {
+			continue
+		}
+		ref := &overrideRefusal{reason: fmt.Sprintf("the form's _method asks for %q, and %s", m, d.Detail()),
+			suggest: m + " " + h.host + strings.SplitN(target, "?", 2)[0]}
+		if d.Verdict == policy.Ask {
+			ref.reason = fmt.Sprintf("the form's _method asks for %q, which no rule allows (nobody is asked once a body is on its way)", m)
+		}
+		if d.Rule != nil {
+			ref.rule = d.Rule.Pattern.String()
+		}
+		return ref
+	}
+	return nil
+}
+
 // refuseUnrecorded answers 503: the proxy cannot record the request.
 func refuseUnrecorded(w http.ResponseWriter, why string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -296,33 +341,6 @@ func setTarget(r *http.Request, target string) error {
 		return fmt.Errorf("%w: %q would go upstream as %q", policy.ErrAmbiguousPath, target, got)
 	}
 	return nil
-}
-
-// methodOverrides are the headers with which clients tell servers to treat
-// a request as another method.
-// (in canonical form, the form a header map holds them in).
-var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
-
-// overrideMethods returns the methods a request's override headers name,
-// upper-cased: every value of each, and every item of a comma-separated
-// value. A header named with "_" for "-" counts too.
-func overrideMethods(h http.Header) []string {
-	var out []string
-	for k, vv := range h {
-		// Servers that read headers as CGI variables take "_" for "-".
-		name := strings.ReplaceAll(k, "_", "-")
-		if !slices.ContainsFunc(methodOverrides, func(o string) bool { return strings.EqualFold(o, name) }) {
-			continue
-		}
-		for _, v := range vv {
-			for _, m := range strings.Split(v, ",") {
-				if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
-					out = append(out, m)
-				}
-			}
-		}
-	}
-	return out
 }
 
 // stripUpgrade removes a protocol upgrade from a request's headers.
@@ -411,6 +429,16 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			source, _ := r.Context().Value(sourceKey{}).(string)
+			var ref *overrideRefusal
+			if errors.As(err, &ref) {
+				// The body ended with the refusal of its form's override.
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				w.Header().Set("X-Airlock-Verdict", "deny")
+				w.WriteHeader(http.StatusForbidden)
+				io.WriteString(w, denial{sandbox: p.cfg.Sandbox, source: source, request: r.Method + " " + r.URL.String(), reason: ref.reason,
+					rule: ref.rule, suggest: ref.suggest, approvalURL: p.cfg.ApprovalURL}.page())
+				return
+			}
 			p.upstreamError(w, source, r.Method, r.URL.String(), err)
 		},
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -66,6 +67,7 @@ type upstream struct {
 	seen                []string // "Host path" of each request
 	uris                []string // the request target of each, as received
 	seenAt              []time.Time
+	forms               []string // of each whole form: method, _method, length of field "file"
 	tlsSrv              *http.Server
 	tlsConns            atomic.Int32 // TLS connections accepted
 	tlsClosed           atomic.Int32 // TLS connections closed
@@ -115,6 +117,32 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 		// an upload by its headers).
 		w.WriteHeader(http.StatusRequestEntityTooLarge)
 		io.WriteString(w, "too large")
+		return
+	case "form":
+		// A form's server: it acts on a form once it has all of it,
+		// noting the _method it names; like Rack, it reads a POST
+		// without a type as a form.
+		if r.Header.Get("Content-Type") == "" {
+			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		err := r.ParseForm()
+		if err == nil {
+			if err = r.ParseMultipartForm(1 << 20); errors.Is(err, http.ErrNotMultipart) {
+				err = nil
+			}
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var file int64
+		if r.MultipartForm != nil && len(r.MultipartForm.File["file"]) > 0 {
+			file = r.MultipartForm.File["file"][0].Size
+		}
+		u.mu.Lock()
+		u.forms = append(u.forms, fmt.Sprintf("%s %q %d", r.Method, r.FormValue("_method"), file))
+		u.mu.Unlock()
+		io.WriteString(w, "done")
 		return
 	case "expect":
 		// Says what Expect it was sent.
