@@ -225,7 +225,11 @@ func TestMethodOverrideParameterIsDecided(t *testing.T) {
 			{"multipart", url, mpDelete, mpDeleteBody, 403, ""},
 			{"form, allowed", url, "application/x-www-form-urlencoded", "a=1&_method=PUT", 200, `POST "PUT" 0`},
 			{"multipart, allowed", url, mpPut, mpPutBody, 200, fmt.Sprintf(`POST "put" %d`, 300<<10)},
-			{"JSON is not a form", url, "application/json", `{"_method":"DELETE"}`, 200, `POST "" 0`},
+			{"JSON", url, "application/json", `{"a":[1],"_method":"DELETE"}`, 403, ""},
+			{"JSON, allowed", url, "application/json", `{"_method":"PUT"}`, 200, `POST "PUT" 0`},
+			{"multipart, after the close", url, "multipart/form-data; boundary=XyZ",
+				mpDeleteBody + strings.Repeat("epilogue ", 8000), 403, ""},
+			{"bytes are not a form", url, "application/octet-stream", "_method=DELETE", 200, `POST "" 0`},
 		} {
 			mu.Lock()
 			recs = nil

@@ -7,9 +7,11 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // Method overrides: a request that tells the server to treat it as
@@ -31,8 +33,6 @@ const (
 	maxOverride = 64
 	// maxOverrides is how many override values one request may carry.
 	maxOverrides = 16
-	// maxPartLine bounds a line of a multipart part's header section.
-	maxPartLine = 8 << 10
 	// maxNameSpelling is the longest a part's name can be and still be
 	// "_method": escaped, quoted, with RFC 2231's charset and language.
 	maxNameSpelling = 128
@@ -84,21 +84,18 @@ func queryOverrides(query string) ([]string, error) {
 	return s.finish()
 }
 
-// isOverrideName reports whether a server would take a parameter or form
-// field of this (decoded) name for "_method": whatever the case; PHP
-// drops leading spaces, cuts a name at a NUL, reads "_method[...]" as
-// "_method" and turns " ", "." and an unclosed "[" into "_".
+// isOverrideName reports whether some server would take a parameter,
+// form field or JSON key of this (decoded) name for "_method", in any
+// case: PHP cuts a name at a NUL, drops its leading spaces, reads
+// "_method[...]" as "_method" and " " and "." as "_"; Rack 2 and qs drop
+// brackets around a name ("[_method]", "_method]").
 func isOverrideName(name string) bool {
 	if i := strings.IndexByte(name, 0); i >= 0 {
 		name = name[:i]
 	}
-	name = strings.TrimLeft(name, " ")
-	if i := strings.IndexByte(name, '['); i >= 0 {
-		if strings.IndexByte(name[i:], ']') >= 0 {
-			name = name[:i]
-		} else {
-			name = name[:i] + "_" + name[i+1:]
-		}
+	name = strings.TrimLeft(name, " []")
+	if i := strings.IndexAny(name, "[]"); i >= 0 {
+		name = name[:i]
 	}
 	return len(name) == len("_method") && strings.EqualFold(strings.NewReplacer(" ", "_", ".", "_").Replace(name), "_method")
 }
@@ -123,6 +120,10 @@ func (s *formScan) Write(p []byte) (int, error) {
 			return 0, s.err
 		}
 		switch {
+		case c == '&' || c == ';':
+			// Servers split pairs before they decode: a bad escape
+			// ends with its pair.
+			s.endPair()
 		case len(s.esc) > 0:
 			s.esc = append(s.esc, c)
 			if !isHex(c) {
@@ -132,8 +133,6 @@ func (s *formScan) Write(p []byte) (int, error) {
 				s.emit(unhex(s.esc[1])<<4 | unhex(s.esc[2]))
 				s.esc = s.esc[:0]
 			}
-		case c == '&' || c == ';':
-			s.endPair()
 		case c == '=' && !s.inValue:
 			s.inValue = true
 		case c == '%':
@@ -151,9 +150,14 @@ func (s *formScan) Write(p []byte) (int, error) {
 // either than a decision needs.
 func (s *formScan) emit(bs ...byte) {
 	if !s.inValue {
-		// A longer name may still be "_method[...]".
-		if n := maxOverride - len(s.name); n > 0 {
-			s.name = append(s.name, bs[:min(n, len(bs))]...)
+		for _, c := range bs {
+			// What a server drops before a name does not count
+			// towards its length; a longer name may still be
+			// "_method[...]".
+			if len(s.name) == 0 && (c == ' ' || c == '[' || c == ']') || len(s.name) >= maxOverride {
+				continue
+			}
+			s.name = append(s.name, c)
 		}
 		return
 	}
@@ -212,24 +216,23 @@ func unhex(c byte) byte {
 }
 
 // partScan reads a multipart body piece by piece for its override fields.
-// It finds more parts than any server would rather than fewer: a delimiter
-// is "--boundary" at the start of any line (after "\n", not only after
-// "\r\n"), followed by anything; the close delimiter does not end the
-// search; and a part is an override if any name its Content-Disposition
-// headers give, read by Go's parser or leniently (every name= and name*=,
-// quoted or not), is "_method". A part's value ends at the next delimiter.
+// Servers frame parts differently (Rack 2 finds "--boundary" after
+// blanks or at the end of a line's text, PHP cuts long lines, Rack ends a
+// part's head only at an empty CRLF line, Go at an LF one too), so it
+// finds more than any of them: a delimiter is "--boundary" anywhere, a
+// part's head runs from the line after it to the first empty CRLF line
+// (at most maxPartHead bytes), and its value to the next delimiter. A head
+// that mentions "method" in any case (as written, unescaped or
+// percent-decoded) or names "_method" as Go or a lenient reading of its
+// parameters sees it must be the plain head of a "_method" field, which
+// every server reads alike: one Content-Disposition of form-data with only
+// name="_method" and at most a Content-Type, on CRLF lines. Any other is
+// refused, whatever its value: servers read such heads differently.
 type partScan struct {
-	delim []byte // "\n--" + boundary
+	delim []byte // "--" + boundary
 	buf   []byte // bytes that may begin a delimiter
 	state int
-	// The line being read, and the header it belongs to (with its folded
-	// lines); each long if it passed maxPartLine.
-	line, header         []byte
-	lineLong, headerLong bool
-	// lineStart says a value begins at the start of a line: a delimiter
-	// may begin at once.
-	lineStart bool
-	named     bool // a Content-Disposition of the part names "_method"
+	head  []byte // the part's head so far
 	// The part's value, if it is an override's.
 	capture bool
 	value   []byte
@@ -241,12 +244,14 @@ type partScan struct {
 const (
 	inValue     = iota // before the first delimiter, or in a part's value
 	inDelimLine        // on a delimiter's line, after the delimiter
-	inHeaders          // in a part's header section
+	inHead             // in a part's head
 )
 
+// maxPartHead bounds a part's head: no client writes one this long.
+const maxPartHead = 16 << 10
+
 func newPartScan(boundary string) *partScan {
-	// The stream begins at the start of a line.
-	return &partScan{delim: []byte("\n--" + boundary), buf: []byte("\n")}
+	return &partScan{delim: []byte("--" + boundary)}
 }
 
 func (s *partScan) Write(p []byte) (int, error) {
@@ -265,22 +270,6 @@ func (s *partScan) take(b []byte, last bool) []byte {
 	for len(b) > 0 && s.form.err == nil {
 		switch s.state {
 		case inValue:
-			if s.lineStart {
-				dash := s.delim[1:] // "--" + boundary
-				if n := min(len(b), len(dash)); !bytes.Equal(b[:n], dash[:n]) {
-					s.lineStart = false
-				} else if n < len(dash) {
-					if last {
-						return nil
-					}
-					return b // more may make it a delimiter
-				} else {
-					s.endPart()
-					b = b[n:]
-					s.state, s.lineStart = inDelimLine, false
-					continue
-				}
-			}
 			i := bytes.Index(b, s.delim)
 			if i < 0 {
 				n := len(b)
@@ -295,66 +284,104 @@ func (s *partScan) take(b []byte, last bool) []byte {
 			b = b[i+len(s.delim):]
 			s.state = inDelimLine
 		case inDelimLine:
-			// "--", padding: a part's headers begin on the next line.
+			// "--", padding: a part's head begins on the next line.
 			i := bytes.IndexByte(b, '\n')
 			if i < 0 {
 				return nil
 			}
 			b = b[i+1:]
-			s.state, s.line, s.header, s.lineLong, s.headerLong, s.named = inHeaders, s.line[:0], s.header[:0], false, false, false
-		case inHeaders:
-			i := bytes.IndexByte(b, '\n')
-			if i < 0 {
-				s.line, s.lineLong = bounded(s.line, b, s.lineLong)
+			s.state, s.head = inHead, s.head[:0]
+		case inHead:
+			// The head ends at an empty CRLF line, which may have
+			// begun in the last piece.
+			from := len(s.head)
+			n := min(len(b), maxPartHead-len(s.head))
+			s.head = append(s.head, b[:n]...)
+			end := bytes.Index(s.head[max(0, from-3):], []byte("\r\n\r\n"))
+			switch {
+			case end >= 0:
+				end += max(0, from-3) + 4
+				b = b[end-from:]
+				s.head = s.head[:end]
+				s.endHead(true)
+			case len(s.head) < maxPartHead:
 				return nil
+			default:
+				s.endHead(false)
 			}
-			s.line, s.lineLong = bounded(s.line, b[:i], s.lineLong)
-			b = b[i+1:]
-			s.endLine()
 		}
 	}
 	return nil
 }
 
-// bounded appends b to buf up to maxPartLine bytes, and says whether
-// anything was left out.
-func bounded(buf, b []byte, long bool) ([]byte, bool) {
-	if len(buf)+len(b) > maxPartLine {
-		return append(buf, b[:max(0, maxPartLine-len(buf))]...), true
-	}
-	return append(buf, b...), long
-}
-
-// endLine ends a header line: a folded one continues the header, an empty
-// one ends the part's headers, any other begins a header.
-func (s *partScan) endLine() {
-	line := bytes.TrimSuffix(s.line, []byte("\r"))
+// endHead decides what a part's head makes of its value; complete says
+// it ended with an empty CRLF line within maxPartHead bytes.
+func (s *partScan) endHead(complete bool) {
+	s.state = inValue
+	s.capture, s.value, s.vlong = false, s.value[:0], false
 	switch {
-	case len(line) == 0:
-		s.endHeader()
-		s.state, s.lineStart = inValue, true
-		s.capture = s.named
-		s.value, s.vlong = s.value[:0], false
-	case line[0] == ' ' || line[0] == '\t':
-		s.header, s.headerLong = bounded(s.header, line, s.headerLong || s.lineLong)
+	case !complete:
+		// No client writes such a head; a server may read on past the
+		// bound, and find a name there.
+		s.form.err = fmt.Errorf("%w: a form part's head of over %d bytes, or not ended by an empty CRLF line", errOverride, maxPartHead)
+	case !mentionsMethod(s.head):
 	default:
-		s.endHeader()
-		s.header, s.headerLong = bounded(s.header[:0], line, s.lineLong)
-	}
-	s.line, s.lineLong = s.line[:0], false
-}
-
-// endHeader takes the names a Content-Disposition header gives.
-func (s *partScan) endHeader() {
-	name, value, _ := bytes.Cut(s.header, []byte(":"))
-	if strings.EqualFold(string(bytes.TrimSpace(name)), "Content-Disposition") {
-		if s.headerLong {
-			s.form.err = fmt.Errorf("%w: a form part's Content-Disposition of over %d bytes", errOverride, maxPartLine)
+		name, plain := plainHead(s.head)
+		if !plain {
+			s.form.err = fmt.Errorf("%w: a form part's head names \"method\" in a way servers may read differently", errOverride)
 			return
 		}
-		s.named = s.named || namesOverride(string(value))
+		s.capture = isOverrideName(name)
 	}
-	s.header, s.headerLong = s.header[:0], false
+}
+
+// mentionsMethod reports whether a part's head names "method" in any
+// case, as written, without its backslashes or percent-decoded, or names
+// a field "_method" in any of its lines' parameters.
+func mentionsMethod(head []byte) bool {
+	h := strings.ToLower(string(head))
+	if strings.Contains(h, "method") || strings.Contains(strings.ReplaceAll(h, "\\", ""), "method") || strings.Contains(strings.ToLower(pctDecode(h)), "method") {
+		return true
+	}
+	for line := range strings.SplitSeq(string(head), "\n") {
+		if _, v, ok := strings.Cut(line, ":"); ok && namesOverride(v) {
+			return true
+		}
+	}
+	return false
+}
+
+// plainHead returns the field name of a part's head that every server
+// reads alike: CRLF lines, one Content-Disposition of form-data with a
+// name and perhaps a filename, quoted, without escapes, and at most a
+// Content-Type; nothing else.
+func plainHead(head []byte) (name string, plain bool) {
+	h, ok := strings.CutSuffix(string(head), "\r\n\r\n")
+	if !ok {
+		return "", false
+	}
+	disposition := false
+	for line := range strings.SplitSeq(h, "\r\n") {
+		key, value, ok := strings.Cut(line, ":")
+		if !ok || strings.ContainsAny(line, "\r\n\\%*'") {
+			return "", false
+		}
+		switch {
+		case strings.EqualFold(key, "Content-Disposition") && !disposition:
+			disposition = true
+			d, params, err := mime.ParseMediaType(value)
+			name = params["name"]
+			_, file := params["filename"]
+			if err != nil || d != "form-data" || name == "" || len(params) != 1 && !(len(params) == 2 && file) ||
+				strings.Count(value, "name=") != len(params) || !strings.Contains(value, ` name="`+name+`"`) && !strings.Contains(value, `;name="`+name+`"`) {
+				return "", false
+			}
+		case strings.EqualFold(key, "Content-Type") && !strings.Contains(strings.ToLower(value), "method"):
+		default:
+			return "", false
+		}
+	}
+	return name, disposition
 }
 
 // addValue adds bytes of a part's value, if it is an override's.
@@ -362,7 +389,7 @@ func (s *partScan) addValue(b []byte) {
 	if !s.capture {
 		return
 	}
-	if len(s.value)+len(b) > maxOverride+1 { // and a "\r"
+	if len(s.value)+len(b) > maxOverride+2 { // and a CRLF
 		s.vlong = true
 		return
 	}
@@ -372,7 +399,8 @@ func (s *partScan) addValue(b []byte) {
 // endPart ends a part's value at a delimiter (or the stream's end).
 func (s *partScan) endPart() {
 	if s.capture {
-		s.form.note(bytes.TrimSuffix(s.value, []byte("\r")), s.vlong)
+		v := bytes.TrimSuffix(s.value, []byte("\n"))
+		s.form.note(bytes.TrimSuffix(v, []byte("\r")), s.vlong)
 	}
 	s.capture = false
 }
@@ -381,8 +409,15 @@ func (s *partScan) endPart() {
 func (s *partScan) finish() ([]string, error) {
 	s.take(s.buf, true)
 	s.buf = nil
-	if s.state == inValue {
+	switch s.state {
+	case inValue:
 		s.endPart() // a part left open is read as far as it goes
+	case inHead:
+		if s.form.err == nil && mentionsMethod(s.head) {
+			s.form.err = fmt.Errorf("%w: a form part's head names \"method\" and does not end", errOverride)
+		}
+	case inDelimLine:
+		// A delimiter's line the body ends on: nothing follows.
 	}
 	return s.form.methods, s.form.err
 }
@@ -491,57 +526,261 @@ func pctDecode(s string) string {
 // override fields.
 type overrideScanner interface {
 	io.Writer
+	// found returns the methods found so far: a value is found once the
+	// bytes that end it have been written.
+	found() []string
+	// finish ends the body and returns every method it names.
 	finish() ([]string, error)
 }
 
+func (s *formScan) found() []string { return s.methods }
+func (s *partScan) found() []string { return s.form.methods }
+func (s *jsonScan) found() []string { return s.form.methods }
+
 // bodyScanner returns the scanner of r's body's override fields, or nil if
-// no server would read the body as a form: one of
-// application/x-www-form-urlencoded or multipart/*, or of no type at all
-// (Rack reads a POST without one as a form). A form airlock cannot read
-// as every such server would is an error.
+// no server would read one from it: a form (application/x-www-form-urlencoded,
+// or no type at all, which Rack reads as a form), a multipart body, or
+// JSON (a type that says "json" anywhere, as Laravel takes it). A body
+// airlock cannot read as every such server would is an error.
 func bodyScanner(r *http.Request) (overrideScanner, error) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return nil, nil
 	}
 	types := r.Header["Content-Type"]
-	form, multipart := false, false
-	for _, ct := range types {
-		// As Rack and PHP take a media type: up to the first ";", ","
-		// or blank, in any case.
-		mt := strings.ToLower(strings.TrimLeft(ct, " \t"))
-		if i := strings.IndexAny(mt, ";, \t"); i >= 0 {
-			mt = mt[:i]
-		}
-		form = form || mt == "application/x-www-form-urlencoded" || mt == ""
-		multipart = multipart || strings.HasPrefix(mt, "multipart/")
+	if len(types) > 1 {
+		return nil, fmt.Errorf("%w: a body with more than one Content-Type", errOverride)
 	}
+	ct := ""
+	if len(types) == 1 {
+		ct = types[0]
+	}
+	// As Rack and PHP take a media type: up to the first ";", "," or
+	// blank, in any case.
+	mt := strings.ToLower(strings.TrimLeft(ct, " \t"))
+	if i := strings.IndexAny(mt, ";, \t"); i >= 0 {
+		mt = mt[:i]
+	}
+	var scans multiScan
 	switch {
-	case !form && !multipart && len(types) > 0:
+	case mt == "" || mt == "application/x-www-form-urlencoded":
+		scans = append(scans, &formScan{})
+	case strings.HasPrefix(mt, "multipart/"):
+		b, err := multipartBoundary(ct)
+		if err != nil {
+			return nil, err
+		}
+		scans = append(scans, newPartScan(b))
+	}
+	if strings.Contains(strings.ToLower(ct), "json") {
+		scans = append(scans, &jsonScan{})
+	}
+	if len(scans) == 0 {
 		return nil, nil
-	case form && multipart:
-		return nil, fmt.Errorf("%w: Content-Type headers that disagree on how to read a form", errOverride)
 	}
 	for _, ce := range r.Header.Values("Content-Encoding") {
 		if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
-			return nil, fmt.Errorf("%w: a form body with Content-Encoding %q cannot be read for it", errOverride, ce)
+			return nil, fmt.Errorf("%w: a body with Content-Encoding %q cannot be read for one", errOverride, ce)
 		}
 	}
-	if !multipart {
-		return &formScan{}, nil
+	if len(scans) == 1 {
+		return scans[0], nil
 	}
-	// One boundary that every parser finds the same: Rack takes the last
-	// "boundary=" with a regular expression, Go the parameter.
-	if len(types) > 1 || strings.Count(strings.ToLower(types[0]), "boundary") != 1 {
-		return nil, fmt.Errorf("%w: a multipart Content-Type must give one boundary", errOverride)
+	return scans, nil
+}
+
+// plainMultipart is the one form of a multipart Content-Type whose
+// boundary Go, PHP and Rack all read alike: a boundary of RFC 2046's
+// characters (no blank), quoted or not, and perhaps a charset.
+var plainMultipart = regexp.MustCompile(`^(?i:multipart/[a-z0-9.+-]+)[ \t]*;[ \t]*(?i:boundary)=(?:"(` + bchars + `)"|(` + bchars + `))[ \t]*(?:;[ \t]*(?i:charset)=[A-Za-z0-9_-]+[ \t]*)?$`)
+
+const bchars = `[0-9A-Za-z'()+_\-./:=?]{1,70}`
+
+// multipartBoundary returns a multipart Content-Type's boundary, if it is
+// written as plainMultipart says and names "boundary" once (Rack takes
+// the last "boundary=" of the header, PHP the first "boundary").
+func multipartBoundary(ct string) (string, error) {
+	m := plainMultipart.FindStringSubmatch(ct)
+	if m == nil || strings.Count(strings.ToLower(ct), "boundary") != 1 {
+		return "", fmt.Errorf("%w: a multipart Content-Type must be \"multipart/TYPE; boundary=B\" with one boundary of 1 to 70 letters, digits and '()+_-./:=?", errOverride)
 	}
-	_, params, err := mime.ParseMediaType(types[0])
-	b := params["boundary"]
-	if err != nil || b == "" || len(b) > 70 || strings.IndexFunc(b, func(c rune) bool {
-		return !('0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || strings.ContainsRune("'()+_-./:=?", c))
-	}) >= 0 {
-		return nil, fmt.Errorf("%w: a multipart boundary of other than 1 to 70 letters, digits and '()+_-./:=?", errOverride)
+	return m[1] + m[2], nil
+}
+
+// multiScan reads a body that servers could take for more than one kind
+// (JSON, say, in a type that also names a form): every override any of
+// them finds counts.
+type multiScan []overrideScanner
+
+func (m multiScan) Write(p []byte) (int, error) {
+	for _, s := range m {
+		if _, err := s.Write(p); err != nil {
+			return 0, err
+		}
 	}
-	return newPartScan(b), nil
+	return len(p), nil
+}
+
+func (m multiScan) found() []string {
+	var out []string
+	for _, s := range m {
+		out = append(out, s.found()...)
+	}
+	return out
+}
+
+func (m multiScan) finish() ([]string, error) {
+	var out []string
+	for _, s := range m {
+		methods, err := s.finish()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, methods...)
+	}
+	return out, nil
+}
+
+// jsonScan reads a JSON body piece by piece for the string values of its
+// top-level "_method" keys (Laravel and Symfony read a JSON body's
+// "_method"; so does Express's method-override as its README shows it).
+// Keys are unescaped as a JSON parser does; a "_method" whose value is not
+// a string (an array's first item counts in Express) is refused.
+type jsonScan struct {
+	depth    int
+	object   bool // the top level is an object
+	inString bool
+	esc      int // 0, or the escape's bytes read so far ("\\" is 1, "\\u" 2 to 5)
+	hex      rune
+	str      []byte
+	long     bool
+	// At the top level: a key is next, a key has been read, its value is
+	// next; match says the key is an override's.
+	role  int
+	match bool
+	form  formScan // keeps the methods, the bounds and the error
+}
+
+// jsonScan's roles at the top level.
+const (
+	jsonKey = iota
+	jsonColon
+	jsonValue
+	jsonAfter
+)
+
+func (s *jsonScan) Write(p []byte) (int, error) {
+	for _, c := range p {
+		if s.form.err != nil {
+			return 0, s.form.err
+		}
+		if s.inString {
+			s.stringByte(c)
+			continue
+		}
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		}
+		if s.depth == 1 && s.object && s.role == jsonValue && s.match && c != '"' {
+			s.form.err = fmt.Errorf("%w: a JSON \"_method\" whose value is not a string", errOverride)
+			return 0, s.form.err
+		}
+		switch c {
+		case '"':
+			s.inString, s.str, s.long = true, s.str[:0], false
+		case '{', '[':
+			if s.depth == 0 && c == '{' {
+				s.object, s.role = true, jsonKey
+			}
+			s.depth++
+		case '}', ']':
+			s.depth--
+			if s.depth == 1 {
+				s.role = jsonAfter
+			}
+		case ':':
+			if s.depth == 1 && s.role == jsonColon {
+				s.role = jsonValue
+			}
+		case ',':
+			if s.depth == 1 {
+				s.role, s.match = jsonKey, false
+			}
+		default:
+			if s.depth == 1 && s.role == jsonValue {
+				s.role = jsonAfter
+			}
+		}
+	}
+	return len(p), s.form.err
+}
+
+// stringByte reads a byte of a string, unescaping it.
+func (s *jsonScan) stringByte(c byte) {
+	switch {
+	case s.esc == 1:
+		s.esc = 0
+		switch c {
+		case 'u':
+			s.esc, s.hex = 2, 0
+		case 'b':
+			s.add('\b')
+		case 'f':
+			s.add('\f')
+		case 'n':
+			s.add('\n')
+		case 'r':
+			s.add('\r')
+		case 't':
+			s.add('\t')
+		default:
+			s.add(c)
+		}
+	case s.esc >= 2:
+		s.hex = s.hex<<4 | rune(unhex(c))
+		if s.esc++; s.esc == 6 {
+			s.esc = 0
+			var b [4]byte
+			for _, x := range b[:utf8.EncodeRune(b[:], s.hex)] {
+				s.add(x)
+			}
+		}
+	case c == '\\':
+		s.esc = 1
+	case c == '"':
+		s.inString = false
+		s.endString()
+	default:
+		s.add(c)
+	}
+}
+
+func (s *jsonScan) add(c byte) {
+	if len(s.str) >= maxOverride {
+		s.long = true
+		return
+	}
+	s.str = append(s.str, c)
+}
+
+// endString takes a string at the top level: a key, or a key's value.
+func (s *jsonScan) endString() {
+	if s.depth != 1 || !s.object {
+		return
+	}
+	switch s.role {
+	case jsonKey:
+		s.role, s.match = jsonColon, !s.long && isOverrideName(string(s.str))
+	case jsonValue:
+		if s.match {
+			s.form.note(s.str, s.long)
+		}
+		s.role = jsonAfter
+	}
+}
+
+func (s *jsonScan) finish() ([]string, error) {
+	return s.form.methods, s.form.err
 }
 
 // overrideRefusal ends a request body whose form names a method override
@@ -563,6 +802,7 @@ type overrideBody struct {
 	scan overrideScanner
 	// decide returns the refusal of the methods a body names, if any.
 	decide  func([]string) *overrideRefusal
+	decided int // how many methods had been found when last decided
 	held    byte
 	holding bool
 	ended   bool // read to its end and allowed
@@ -587,7 +827,19 @@ func (b *overrideBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	out := 0
 	if n > 0 {
-		if _, serr := b.scan.Write(p[:n]); serr != nil {
+		_, serr := b.scan.Write(p[:n])
+		// A value whose end is in these bytes is decided before any of
+		// them goes on: a server that reads a form as it comes (Go's
+		// stops at a multipart form's close delimiter) never has it.
+		if found := b.scan.found(); len(found) > b.decided {
+			ref := b.decide(found)
+			b.decided = len(found)
+			if ref != nil {
+				b.refuse(ref)
+				return 0, b.err
+			}
+		}
+		if serr != nil {
 			b.refuse(&overrideRefusal{reason: serr.Error()})
 			return 0, b.err
 		}

@@ -2,6 +2,7 @@ package tproxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,7 +32,8 @@ func TestQueryOverrides(t *testing.T) {
 		{"+method=DELETE", nil},                      // PHP drops leading spaces: "method"
 		{"+_method=DELETE", []string{"DELETE"}},      // PHP drops leading spaces
 		{"%20%20_method=DELETE", []string{"DELETE"}}, // PHP drops leading spaces
-		{"[method=DELETE", []string{"DELETE"}},       // PHP: an unclosed "[" is "_"
+		{"[_method]=DELETE", []string{"DELETE"}},     // Rack 2 and qs drop the brackets
+		{"[method=DELETE", nil},                      // PHP skips a name that begins with "["
 		{"_method[]=DELETE", []string{"DELETE"}},
 		{"_method[a]=DELETE", []string{"DELETE"}},
 		{"_method%00junk=DELETE", []string{"DELETE"}}, // a C string ends at NUL
@@ -98,11 +100,13 @@ func scanParts(body string, n int) ([]string, error) {
 	return s.finish()
 }
 
-// A multipart form's override field is found however its part is
-// written, and wherever the body is cut into pieces.
+// A multipart form's override field is found wherever the body is cut
+// into pieces, when its part's head is one every server reads alike; a
+// head that names "method" otherwise is refused.
 func TestPartScanFindsOverrides(t *testing.T) {
 	file := [2]string{`Content-Disposition: form-data; name="file"; filename="a.bin"` + "\r\nContent-Type: application/octet-stream",
 		strings.Repeat("\x00--XyY\r\n_method=GET&", 300)}
+	override := func(head string) string { return multipartBody([2]string{head, "DELETE"}) }
 	for _, c := range []struct {
 		name string
 		body string
@@ -110,18 +114,12 @@ func TestPartScanFindsOverrides(t *testing.T) {
 	}{
 		{"plain", multipartBody(file, [2]string{`Content-Disposition: form-data; name="_method"`, "DELETE"}), []string{"DELETE"}},
 		{"first", multipartBody([2]string{`Content-Disposition: form-data; name="_method"`, "delete"}, file), []string{"DELETE"}},
-		{"token", multipartBody([2]string{`content-disposition: form-data; name=_method`, "DELETE"}), []string{"DELETE"}},
-		{"rfc 2231", multipartBody([2]string{`Content-Disposition: form-data; name*=utf-8''%5Fmethod`, "DELETE"}), []string{"DELETE"}},
-		{"continued", multipartBody([2]string{`Content-Disposition: form-data; name*0="_me"; name*1="thod"`, "DELETE"}), []string{"DELETE"}},
-		{"escaped", multipartBody([2]string{`Content-Disposition: form-data; name="_met\hod"`, "DELETE"}), []string{"DELETE"}},
-		{"two names", multipartBody([2]string{`Content-Disposition: form-data; name="x"; name="_method"`, "DELETE"}), []string{"DELETE"}},
-		{"two headers", multipartBody([2]string{"Content-Disposition: form-data; name=\"x\"\r\nContent-Disposition: form-data; name=\"_method\"", "DELETE"}), []string{"DELETE"}},
-		{"folded", multipartBody([2]string{"Content-Disposition: form-data;\r\n name=\"_method\"", "DELETE"}), []string{"DELETE"}},
-		{"php", multipartBody([2]string{`Content-Disposition: form-data; name="_method[]"`, "DELETE"}), []string{"DELETE"}},
-		{"lf only", "--XyZ\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE\n--XyZ--\n", []string{"DELETE"}},
-		{"after the close", multipartBody(file) + "\n--XyZ\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nDELETE\r\n", []string{"DELETE"}},
-		{"preamble", "junk\r\n" + multipartBody([2]string{`Content-Disposition: form-data; name="_method"`, "DELETE"}), []string{"DELETE"}},
+		{"typed", override("content-disposition: form-data; name=\"_method\"\r\nContent-Type: text/plain"), []string{"DELETE"}},
+		{"php", override(`Content-Disposition: form-data; name="_method[]"`), []string{"DELETE"}},
+		{"rack 2", override(`Content-Disposition: form-data; name="[_method]"`), []string{"DELETE"}},
+		{"preamble", "junk\r\n" + override(`Content-Disposition: form-data; name="_method"`), []string{"DELETE"}},
 		{"padding", "--XyZ   \r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nDELETE\r\n--XyZ--", []string{"DELETE"}},
+		{"no line end before the delimiter", "--XyZ\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nDELETE--XyZ--", []string{"DELETE"}},
 		{"unended", "--XyZ\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nDELETE", []string{"DELETE"}},
 		{"other fields", multipartBody(file, [2]string{`Content-Disposition: form-data; name="payment_method"`, "DELETE"},
 			[2]string{`Content-Disposition: form-data; name="x"; filename="_method"`, "DELETE"}), nil},
@@ -136,8 +134,23 @@ func TestPartScanFindsOverrides(t *testing.T) {
 		}
 	}
 	for _, c := range []struct{ name, body string }{
+		{"token", override(`content-disposition: form-data; name=_method`)},
+		{"after the close", multipartBody(file) + "\n--XyZ\r\nContent-Disposition: form-data; name=\"_method\"\r\n\r\nDELETE\r\n"},
+		{"single quotes", override(`Content-Disposition: form-data; name='_method'`)},
+		{"rfc 2231", override(`Content-Disposition: form-data; name*=utf-8''%5Fmethod`)},
+		{"continued", override(`Content-Disposition: form-data; name*0="_me"; name*1="thod"`)},
+		{"escaped", override(`Content-Disposition: form-data; name="_met\hod"`)},
+		{"two names", override(`Content-Disposition: form-data; name="x"; name="_method"`)},
+		{"two headers", override("Content-Disposition: form-data; name=\"x\"\r\nContent-Disposition: form-data; name=\"_method\"")},
+		{"folded", override("Content-Disposition: form-data;\r\n name=\"_method\"")},
+		{"a line without a colon", override("Content-Disposition: form-data; name=\"x\"\r\n; name=\"_method\"")},
+		{"content-id", override("Content-ID: _method")},
+		{"in another header", override("X-A: Content-Disposition:;name=_method")},
+		{"lf only", "--XyZ\nContent-Disposition: form-data; name=\"_method\"\n\nDELETE\n--XyZ--\n"},
+		{"lf blank line first", override("X-A: b\n\nContent-Disposition: form-data; name=\"_method\"")},
 		{"long value", multipartBody([2]string{`Content-Disposition: form-data; name="_method"`, strings.Repeat("A", maxOverride+1)})},
-		{"long disposition", multipartBody([2]string{`Content-Disposition: form-data; name="x"; ` + strings.Repeat("a", maxPartLine), "x"})},
+		{"long head", override("X-Pad: " + strings.Repeat("a", maxPartHead) + "\r\nContent-Disposition: form-data; name=\"_method\"")},
+		{"long head, no method", multipartBody([2]string{"X-Pad: " + strings.Repeat("a", maxPartHead), "x"})},
 	} {
 		for _, n := range []int{1, 1 << 20} {
 			if got, err := scanParts(c.body, n); !errors.Is(err, errOverride) {
@@ -145,10 +158,42 @@ func TestPartScanFindsOverrides(t *testing.T) {
 			}
 		}
 	}
-	// Long headers other than Content-Disposition are passed over.
-	body := multipartBody([2]string{"X-Pad: " + strings.Repeat("a", 3*maxPartLine) + "\r\nContent-Disposition: form-data; name=\"_method\"", "DELETE"})
-	if got, err := scanParts(body, 1000); err != nil || !slices.Equal(got, []string{"DELETE"}) {
-		t.Errorf("after a long header: %q %v", got, err)
+}
+
+// A JSON body's top-level "_method" strings are found, however escaped,
+// and one that is not a string is refused.
+func TestJSONScan(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want []string
+	}{
+		{`{"_method":"DELETE"}`, []string{"DELETE"}},
+		{` { "a" : [1, {"_method": "GET"}], "_method" : "delete" } `, []string{"DELETE"}},
+		{`{"\u005fmethod":"\u0044ELETE"}`, []string{"DELETE"}},
+		{`{"_method":"PUT","_method":"DELETE"}`, []string{"PUT", "DELETE"}},
+		{`{"a":"_method","b":"\"_method\":"}`, nil},
+		{`{"x":{"_method":"DELETE"}}`, nil},
+		{`["_method","DELETE"]`, nil},
+		{`{"payment_method":"DELETE"}`, nil},
+		{`not json _method=DELETE`, nil},
+	} {
+		for _, n := range []int{1, 3, 1 << 20} {
+			var s jsonScan
+			for b := []byte(c.body); len(b) > 0; b = b[min(n, len(b)):] {
+				s.Write(b[:min(n, len(b))])
+			}
+			got, err := s.finish()
+			if err != nil || !slices.Equal(got, c.want) {
+				t.Errorf("%s in pieces of %d: %q %v, want %q", c.body, n, got, err, c.want)
+			}
+		}
+	}
+	for _, body := range []string{`{"_method":["DELETE"]}`, `{"_method":{"a":"DELETE"}}`, `{"_method":1}`, `{"_method":"` + strings.Repeat("A", maxOverride+1) + `"}`} {
+		var s jsonScan
+		s.Write([]byte(body))
+		if got, err := s.finish(); !errors.Is(err, errOverride) {
+			t.Errorf("%.40s: %q %v, want an error", body, got, err)
+		}
 	}
 }
 
@@ -169,17 +214,23 @@ func TestBodyScanner(t *testing.T) {
 		{[]string{""}, "form"},
 		{[]string{"application/x-www-form-urlencoded"}, "form"},
 		{[]string{"Application/X-WWW-Form-Urlencoded; charset=utf-8"}, "form"},
-		{[]string{"application/x-www-form-urlencoded, application/json"}, "form"},
-		{[]string{"application/json"}, ""},
+		{[]string{"application/x-www-form-urlencoded, application/json"}, "form+json"},
+		{[]string{"application/json"}, "json"},
+		{[]string{"application/vnd.api+json; charset=utf-8"}, "json"},
 		{[]string{"application/octet-stream"}, ""},
 		{[]string{"multipart/form-data; boundary=XyZ"}, "multipart"},
 		{[]string{`multipart/mixed; boundary="XyZ"`}, "multipart"},
 		{[]string{"multipart/form-data"}, "error"},
 		{[]string{"multipart/form-data; boundary=a; xboundary=b"}, "error"},
+		{[]string{"multipart/form-data; boundary*=utf-8''XyZ"}, "error"},
+		{[]string{`multipart/form-data; boundary="X\/yZ"`}, "error"},
+		{[]string{"multipart/form-data; boundary= XyZ"}, "error"},
+		{[]string{"multipart/form-data; boundary=XyZ; charset=utf-8"}, "multipart"},
 		{[]string{`multipart/form-data; boundary="a;b"`}, "error"},
 		{[]string{"multipart/form-data; boundary=" + strings.Repeat("a", 71)}, "error"},
 		{[]string{"multipart/form-data; boundary=a", "multipart/form-data; boundary=b"}, "error"},
 		{[]string{"multipart/form-data; boundary=a", "application/x-www-form-urlencoded"}, "error"},
+		{[]string{"application/json", "application/json"}, "error"},
 	} {
 		s, err := bodyScanner(body(c.ct...))
 		got := ""
@@ -188,6 +239,10 @@ func TestBodyScanner(t *testing.T) {
 			got = "form"
 		case *partScan:
 			got = "multipart"
+		case *jsonScan:
+			got = "json"
+		case multiScan:
+			got = "form+json"
 		}
 		if err != nil {
 			got = "error"
@@ -207,17 +262,19 @@ func TestBodyScanner(t *testing.T) {
 	}
 }
 
-// An overrideBody gives every byte of an allowed body, and all but the
-// last of a refused one, whatever pieces it is read in.
-func TestOverrideBodyHoldsTheLastByte(t *testing.T) {
+// An overrideBody gives every byte of an allowed body. Of a refused one
+// it never gives the bytes that end the refused value (the "&" after it,
+// or the body's last byte), whatever pieces it is read in.
+func TestOverrideBodyHoldsTheEnd(t *testing.T) {
 	for _, c := range []struct {
-		body    string
-		refused bool
+		body string
+		end  int // where the refused value's end is, or -1
 	}{
-		{"a=1&_method=PUT&b=2", false},
-		{"a=1&_method=DELETE&b=2", true},
-		{"x", false},
-		{strings.Repeat("a=1&", 10000) + "_method=DELETE", true},
+		{"a=1&_method=PUT&b=2", -1},
+		{"a=1&_method=DELETE&b=2", len("a=1&_method=DELETE")},
+		{"x", -1},
+		{strings.Repeat("a=1&", 10000) + "_method=DELETE", 40000 + len("_method=DELETE") - 1},
+		{"_method=DELETE&" + strings.Repeat("a=1&", 10000), len("_method=DELETE")},
 	} {
 		for name, wrap := range map[string]func(io.Reader) io.Reader{
 			"whole": func(r io.Reader) io.Reader { return r }, "one byte": iotest.OneByteReader,
@@ -231,10 +288,10 @@ func TestOverrideBodyHoldsTheLastByte(t *testing.T) {
 					return nil
 				}}
 			got, err := io.ReadAll(b)
-			if c.refused {
+			if c.end >= 0 {
 				var ref *overrideRefusal
-				if !errors.As(err, &ref) || b.refusal() == nil || string(got) != c.body[:len(c.body)-1] {
-					t.Errorf("%.30q read %s: %d bytes, %v; want all but the last and the refusal", c.body, name, len(got), err)
+				if !errors.As(err, &ref) || b.refusal() == nil || len(got) > c.end || !strings.HasPrefix(c.body, string(got)) {
+					t.Errorf("%.30q read %s: %d bytes, %v; want at most %d and the refusal", c.body, name, len(got), err, c.end)
 				}
 				continue
 			}
@@ -249,7 +306,7 @@ func TestOverrideBodyHoldsTheLastByte(t *testing.T) {
 // into pieces, every "_method" value Go's own form parsers find is
 // found (or the form refused), and the pieces change nothing.
 func FuzzFormOverrides(f *testing.F) {
-	f.Add("a=1&_method=DELETE", multipartBody([2]string{`Content-Disposition: form-data; name="_method"`, "DELETE"}), uint8(3))
+	f.Add(`{"_method":"DELETE"}`, multipartBody([2]string{`Content-Disposition: form-data; name="_method"`, "DELETE"}), uint8(3))
 	f.Add("%5Fmethod=put;x", "--XyZ\nContent-Disposition: form-data; name*=utf-8''_method\n\nPATCH\n--XyZ--", uint8(1))
 	f.Add("_method[]=a,b", "junk\r\n--XyZ\r\nContent-Disposition: form-data;\r\n name=\"_method\"\r\n\r\n\r\n--XyZ--\r\n", uint8(7))
 	f.Fuzz(func(t *testing.T, query, parts string, n uint8) {
@@ -260,11 +317,21 @@ func FuzzFormOverrides(f *testing.F) {
 			go_  func(string) map[string][]string
 		}{
 			{query, func() overrideScanner { return &formScan{} }, func(b string) map[string][]string {
-				v, err := url.ParseQuery(b)
-				if err != nil {
+				v, _ := url.ParseQuery(b) // the pairs it could read, whatever the others
+				return v
+			}},
+			{query, func() overrideScanner { return &jsonScan{} }, func(b string) map[string][]string {
+				var v map[string]any
+				if json.Unmarshal([]byte(b), &v) != nil {
 					return nil
 				}
-				return v
+				out := map[string][]string{}
+				for k, x := range v {
+					if s, ok := x.(string); ok {
+						out[k] = []string{s}
+					}
+				}
+				return out
 			}},
 			{parts, func() overrideScanner { return newPartScan("XyZ") }, func(b string) map[string][]string {
 				form, err := multipart.NewReader(strings.NewReader(b), "XyZ").ReadForm(1 << 20)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -124,6 +126,17 @@ func (u *upstream) handler(w http.ResponseWriter, r *http.Request) {
 		// without a type as a form.
 		if r.Header.Get("Content-Type") == "" {
 			r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		if strings.Contains(r.Header.Get("Content-Type"), "json") {
+			// And like Laravel, it reads a JSON body's "_method".
+			var v struct {
+				Method string `json:"_method"`
+			}
+			if err := json.NewDecoder(r.Body).Decode(&v); err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Form = url.Values{"_method": {v.Method}}
 		}
 		err := r.ParseForm()
 		if err == nil {
