@@ -109,21 +109,38 @@ type formScan struct {
 	name, value []byte
 	inValue     bool
 	long        bool // the value passed maxOverride
-	esc         []byte
-	methods     []string
-	err         error
+	// skip says nothing more of the pair can make it an override's: its
+	// name is not, or as much of it as a decision needs is known not to be.
+	skip    bool
+	esc     []byte
+	methods []string
+	err     error
 }
 
 func (s *formScan) Write(p []byte) (int, error) {
-	for _, c := range p {
+	for i := 0; i < len(p); i++ {
 		if s.err != nil {
 			return 0, s.err
 		}
+		if s.skip {
+			// To the pair's end at once: a large body that is no form
+			// (an upload without a type) passes at memory speed.
+			j := bytes.IndexAny(p[i:], "&;")
+			if j < 0 {
+				break
+			}
+			i += j
+		}
+		c := p[i]
 		switch {
 		case c == '&' || c == ';':
 			// Servers split pairs before they decode: a bad escape
 			// ends with its pair.
 			s.endPair()
+		case c == '=' && !s.inValue:
+			// Servers split a name from its value before they decode.
+			s.flushEscape()
+			s.inValue, s.skip = true, !isOverrideName(string(s.name))
 		case len(s.esc) > 0:
 			s.esc = append(s.esc, c)
 			if !isHex(c) {
@@ -133,8 +150,6 @@ func (s *formScan) Write(p []byte) (int, error) {
 				s.emit(unhex(s.esc[1])<<4 | unhex(s.esc[2]))
 				s.esc = s.esc[:0]
 			}
-		case c == '=' && !s.inValue:
-			s.inValue = true
 		case c == '%':
 			s.esc = append(s.esc, c)
 		case c == '+':
@@ -157,7 +172,10 @@ func (s *formScan) emit(bs ...byte) {
 			if len(s.name) == 0 && (c == ' ' || c == '[' || c == ']') || len(s.name) >= maxOverride {
 				continue
 			}
-			s.name = append(s.name, c)
+			if s.name = append(s.name, c); len(s.name) == maxOverride {
+				// What follows cannot change what the name is.
+				s.skip = !isOverrideName(string(s.name))
+			}
 		}
 		return
 	}
@@ -170,15 +188,20 @@ func (s *formScan) emit(bs ...byte) {
 
 // endPair ends a name=value pair, noting its value if it overrides.
 func (s *formScan) endPair() {
+	s.flushEscape()
+	if isOverrideName(string(s.name)) {
+		s.note(s.value, s.long)
+	}
+	s.name, s.value, s.inValue, s.long, s.skip = s.name[:0], s.value[:0], false, false, false
+}
+
+// flushEscape emits an escape cut short as it came.
+func (s *formScan) flushEscape() {
 	if len(s.esc) > 0 {
 		esc := s.esc
 		s.esc = nil
 		s.emit(esc...)
 	}
-	if isOverrideName(string(s.name)) {
-		s.note(s.value, s.long)
-	}
-	s.name, s.value, s.inValue, s.long = s.name[:0], s.value[:0], false, false
 }
 
 // note takes an override's value; one that is too long, or one too many,
@@ -669,10 +692,19 @@ const (
 )
 
 func (s *jsonScan) Write(p []byte) (int, error) {
-	for _, c := range p {
+	for i := 0; i < len(p); i++ {
 		if s.form.err != nil {
 			return 0, s.form.err
 		}
+		if s.inString && s.esc == 0 && s.depth != 1 {
+			// A string below the top level: only its end matters.
+			j := bytes.IndexAny(p[i:], "\"\\")
+			if j < 0 {
+				break
+			}
+			i += j
+		}
+		c := p[i]
 		if s.inString {
 			s.stringByte(c)
 			continue
