@@ -19,12 +19,13 @@ import (
 // many API gateways honour one) is decided as that method too, and the
 // stricter answer stands (design §5.4). A server takes an override from
 // a header, from the "_method" parameter of the query, or from the
-// "_method" field of a form body; all three are read here, in every
-// spelling a server would take as the same name.
+// "_method" field of a form, multipart or JSON body; all are read here,
+// in every spelling some server would take as the same name, and what
+// servers could read differently is refused.
 
 // methodOverrides are the headers with which clients tell servers to treat
-// a request as another method.
-// (in canonical form, the form a header map holds them in).
+// a request as another method (in canonical form, as a header map holds
+// them).
 var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
 const (
@@ -79,9 +80,143 @@ func appendMethods(out []string, v string) []string {
 // queryOverrides returns the methods the "_method" parameters of a query
 // name.
 func queryOverrides(query string) ([]string, error) {
-	var s formScan
+	s := multiScan{&formScan{}, &qsScan{}}
 	s.Write([]byte(query))
 	return s.finish()
+}
+
+// qsScan reads a form as qs does (Express's extended form and query
+// parser): pairs split at "&" only, and a pair's key ends at its first
+// "]=" if it has one ("[_method]x=]=DELETE" is _method=DELETE), else at
+// its first "=". A pair is read whole up to maxQSPair bytes; a longer one
+// that spells "method" (as written or percent-decoded) is refused.
+type qsScan struct {
+	pair  []byte
+	long  bool
+	watch methodWatch
+	form  formScan // keeps the methods, the bounds and the error
+}
+
+var qsBrackets = regexp.MustCompile(`%5[BbDd]`)
+
+// maxQSPair bounds the pair a qsScan reads whole.
+const maxQSPair = 4 << 10
+
+func (s *qsScan) Write(p []byte) (int, error) {
+	for len(p) > 0 && s.form.err == nil {
+		i := bytes.IndexByte(p, '&')
+		piece := p
+		if i >= 0 {
+			piece = p[:i]
+		}
+		if n := maxQSPair - len(s.pair); n > 0 {
+			s.pair = append(s.pair, piece[:min(n, len(piece))]...)
+		}
+		if len(s.pair) >= maxQSPair {
+			s.long = true
+			for _, c := range piece {
+				s.watch.add(c)
+			}
+		}
+		if i < 0 {
+			break
+		}
+		s.endPair()
+		p = p[i+1:]
+	}
+	return len(p), s.form.err
+}
+
+// endPair reads a pair as qs does.
+func (s *qsScan) endPair() {
+	pair := s.pair
+	switch {
+	case s.long:
+		for _, c := range pair {
+			s.watch.add(c)
+		}
+		if s.watch.seen {
+			s.form.err = fmt.Errorf("%w: a form pair of over %d bytes that spells \"method\"", errOverride, maxQSPair)
+		}
+	default:
+		// qs reads %5B and %5D as brackets before anything else.
+		pair = qsBrackets.ReplaceAllFunc(pair, func(b []byte) []byte {
+			if b[2] == 'B' || b[2] == 'b' {
+				return []byte("[")
+			}
+			return []byte("]")
+		})
+		key, value := pair, []byte(nil)
+		if i := bytes.Index(pair, []byte("]=")); i >= 0 {
+			key, value = pair[:i+1], pair[i+2:]
+		} else if i := bytes.IndexByte(pair, '='); i >= 0 {
+			key, value = pair[:i], pair[i+1:]
+		}
+		k := strings.ReplaceAll(string(key), "+", " ")
+		if isOverrideName(k) || isOverrideName(pctDecode(k)) {
+			// qs decodes a value whole, or leaves it as it is where
+			// decodeURIComponent fails.
+			v := strings.ReplaceAll(string(value), "+", " ")
+			d := pctDecode(v)
+			s.form.note([]byte(d), len(d) > maxOverride)
+			if d != v && (strings.Count(v, "%") != (len(v)-len(d))/2 || !utf8.ValidString(d)) && s.form.err == nil {
+				s.form.note([]byte(v), len(v) > maxOverride)
+			}
+		}
+	}
+	s.pair, s.long, s.watch = s.pair[:0], false, methodWatch{}
+}
+
+func (s *qsScan) found() []string { return s.form.methods }
+
+func (s *qsScan) finish() ([]string, error) {
+	if s.form.err == nil && (len(s.pair) > 0 || s.long) {
+		s.endPair()
+	}
+	return s.form.methods, s.form.err
+}
+
+// methodWatch watches a stream for "method" in any case, as written or
+// percent-decoded.
+type methodWatch struct {
+	raw, dec uint64 // the last bytes, lower-cased, one per byte
+	esc      []byte
+	seen     bool
+}
+
+func (w *methodWatch) add(c byte) {
+	w.raw = w.push(w.raw, c)
+	switch {
+	case len(w.esc) > 0:
+		w.esc = append(w.esc, c)
+		if !isHex(c) {
+			for _, e := range w.esc {
+				w.dec = w.push(w.dec, e)
+			}
+			w.esc = w.esc[:0]
+		} else if len(w.esc) == 3 {
+			w.dec = w.push(w.dec, unhex(w.esc[1])<<4|unhex(w.esc[2]))
+			w.esc = w.esc[:0]
+		}
+	case c == '%':
+		w.esc = append(w.esc, c)
+	default:
+		w.dec = w.push(w.dec, c)
+	}
+}
+
+// methodBytes is "method", a byte per byte of a methodWatch's window.
+const methodBytes = uint64('m')<<40 | uint64('e')<<32 | uint64('t')<<24 | uint64('h')<<16 | uint64('o')<<8 | uint64('d')
+
+func (w *methodWatch) push(win uint64, c byte) uint64 {
+	if 'A' <= c && c <= 'Z' {
+		c += 'a' - 'A'
+	}
+	win = win<<8 | uint64(c)
+	if win&(1<<48-1) == methodBytes {
+		w.seen = true
+	}
+	return win
 }
 
 // isOverrideName reports whether some server would take a parameter,
@@ -315,15 +450,15 @@ func (s *partScan) take(b []byte, last bool) []byte {
 			b = b[i+1:]
 			s.state, s.head = inHead, s.head[:0]
 		case inHead:
-			// The head ends at an empty CRLF line, which may have
-			// begun in the last piece.
+			// The head ends at the first empty line, CRLF or LF (as
+			// Go's reader ends it), which may have begun in the last
+			// piece.
 			from := len(s.head)
 			n := min(len(b), maxPartHead-len(s.head))
 			s.head = append(s.head, b[:n]...)
-			end := bytes.Index(s.head[max(0, from-3):], []byte("\r\n\r\n"))
+			end := headEnd(s.head, max(0, from-2))
 			switch {
 			case end >= 0:
-				end += max(0, from-3) + 4
 				b = b[end-from:]
 				s.head = s.head[:end]
 				s.endHead(true)
@@ -337,8 +472,54 @@ func (s *partScan) take(b []byte, last bool) []byte {
 	return nil
 }
 
+// headEnd returns where the head in b ends, after its first empty line
+// ("\n\n" or "\n\r\n"), looking from from on; or -1.
+func headEnd(b []byte, from int) int {
+	switch {
+	case from > 0:
+	case bytes.HasPrefix(b, []byte("\n")):
+		return 1 // no header: the delimiter's line ended just before
+	case bytes.HasPrefix(b, []byte("\r\n")):
+		return 2
+	}
+	for i := from; i < len(b); i++ {
+		if b[i] != '\n' {
+			continue
+		}
+		switch {
+		case i+1 < len(b) && b[i+1] == '\n':
+			return i + 2
+		case i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n':
+			return i + 3
+		}
+	}
+	return -1
+}
+
+// regularHead reports whether a part's head is written as every client
+// writes one, and so read alike by every server: CRLF lines (no bare CR
+// or LF: Go ends a head at an LF line, Rack only at a CRLF one), each a
+// "Name: value" (PHP joins a line without a colon to the one before, Go
+// a folded one), ending with an empty CRLF line; "name" not more often
+// than a few parameters need.
+func regularHead(head []byte) bool {
+	if string(head) == "\r\n" {
+		return true // no header at all
+	}
+	h, ok := bytes.CutSuffix(head, []byte("\r\n\r\n"))
+	if !ok || bytes.Count(bytes.ToLower(head), []byte("name")) > 16 {
+		return false
+	}
+	for line := range bytes.SplitSeq(h, []byte("\r\n")) {
+		if bytes.ContainsAny(line, "\r\n") || len(line) == 0 || line[0] == ' ' || line[0] == '\t' || bytes.IndexByte(line, ':') <= 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // endHead decides what a part's head makes of its value; complete says
-// it ended with an empty CRLF line within maxPartHead bytes.
+// it ended with an empty line within maxPartHead bytes.
 func (s *partScan) endHead(complete bool) {
 	s.state = inValue
 	s.capture, s.value, s.vlong = false, s.value[:0], false
@@ -346,7 +527,9 @@ func (s *partScan) endHead(complete bool) {
 	case !complete:
 		// No client writes such a head; a server may read on past the
 		// bound, and find a name there.
-		s.form.err = fmt.Errorf("%w: a form part's head of over %d bytes, or not ended by an empty CRLF line", errOverride, maxPartHead)
+		s.form.err = fmt.Errorf("%w: a form part's head of over %d bytes, or not ended by an empty line", errOverride, maxPartHead)
+	case !regularHead(s.head):
+		s.form.err = fmt.Errorf("%w: a form part's head not written as \"Name: value\" lines ending in CRLF", errOverride)
 	case !mentionsMethod(s.head):
 	default:
 		name, plain := plainHead(s.head)
@@ -399,12 +582,24 @@ func plainHead(head []byte) (name string, plain bool) {
 				strings.Count(value, "name=") != len(params) || !strings.Contains(value, ` name="`+name+`"`) && !strings.Contains(value, `;name="`+name+`"`) {
 				return "", false
 			}
-		case strings.EqualFold(key, "Content-Type") && !strings.Contains(strings.ToLower(value), "method"):
+		case strings.EqualFold(key, "Content-Type"):
+			// A value in another charset may be read as it says
+			// (busboy decodes UTF-16).
+			_, params, err := mime.ParseMediaType(value)
+			if err != nil || len(params) > 1 || len(params) == 1 && !plainCharset(params["charset"]) {
+				return "", false
+			}
 		default:
 			return "", false
 		}
 	}
 	return name, disposition
+}
+
+// plainCharset reports whether a charset reads ASCII as ASCII, every
+// byte for itself.
+func plainCharset(cs string) bool {
+	return strings.EqualFold(cs, "utf-8") || strings.EqualFold(cs, "utf8") || strings.EqualFold(cs, "us-ascii")
 }
 
 // addValue adds bytes of a part's value, if it is an override's.
@@ -577,17 +772,23 @@ func bodyScanner(r *http.Request) (overrideScanner, error) {
 	if len(types) == 1 {
 		ct = types[0]
 	}
+	if strings.IndexFunc(ct, func(c rune) bool { return c != '\t' && (c < ' ' || c > '~') }) >= 0 {
+		// Go trims Unicode blanks around a media type; others do not.
+		return nil, fmt.Errorf("%w: a body whose Content-Type is not printable ASCII", errOverride)
+	}
 	// As Rack and PHP take a media type: up to the first ";", "," or
-	// blank, in any case.
+	// blank, in any case; and as Go's parser does.
 	mt := strings.ToLower(strings.TrimLeft(ct, " \t"))
 	if i := strings.IndexAny(mt, ";, \t"); i >= 0 {
 		mt = mt[:i]
 	}
+	goMT, _, _ := mime.ParseMediaType(ct)
 	var scans multiScan
 	switch {
-	case mt == "" || mt == "application/x-www-form-urlencoded":
-		scans = append(scans, &formScan{})
-	case strings.HasPrefix(mt, "multipart/"):
+	case mt == "" || mt == "application/x-www-form-urlencoded" || goMT == "application/x-www-form-urlencoded":
+		// Express's extended parser (qs) reads a form its own way too.
+		scans = append(scans, &formScan{}, &qsScan{})
+	case strings.HasPrefix(mt, "multipart/") || strings.HasPrefix(goMT, "multipart/"):
 		b, err := multipartBoundary(ct)
 		if err != nil {
 			return nil, err
@@ -595,6 +796,12 @@ func bodyScanner(r *http.Request) (overrideScanner, error) {
 		scans = append(scans, newPartScan(b))
 	}
 	if strings.Contains(strings.ToLower(ct), "json") {
+		// JSON in another charset is read as it says (Express
+		// decodes UTF-16 and UTF-7).
+		lower := strings.ToLower(ct)
+		if strings.Count(lower, "charset") > 1 || strings.Contains(lower, "charset") && !plainJSONCharset.MatchString(lower) {
+			return nil, fmt.Errorf("%w: a JSON body in a charset other than UTF-8", errOverride)
+		}
 		scans = append(scans, &jsonScan{})
 	}
 	if len(scans) == 0 {
@@ -610,6 +817,10 @@ func bodyScanner(r *http.Request) (overrideScanner, error) {
 	}
 	return scans, nil
 }
+
+// plainJSONCharset is a (lower-cased) Content-Type's charset parameter
+// of UTF-8.
+var plainJSONCharset = regexp.MustCompile(`;[ \t]*charset[ \t]*=[ \t]*"?utf-?8"?[ \t]*(;|$)`)
 
 // plainMultipart is the one form of a multipart Content-Type whose
 // boundary Go, PHP and Rack all read alike: a boundary of RFC 2046's
@@ -646,7 +857,7 @@ func (m multiScan) Write(p []byte) (int, error) {
 func (m multiScan) found() []string {
 	var out []string
 	for _, s := range m {
-		out = append(out, s.found()...)
+		out = union(out, s.found())
 	}
 	return out
 }
@@ -658,9 +869,19 @@ func (m multiScan) finish() ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, methods...)
+		out = union(out, methods)
 	}
 	return out, nil
+}
+
+// union appends to out the methods it does not hold yet.
+func union(out, methods []string) []string {
+	for _, m := range methods {
+		if !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // jsonScan reads a JSON body piece by piece for the string values of its

@@ -234,7 +234,7 @@ func TestBodyScanner(t *testing.T) {
 	} {
 		s, err := bodyScanner(body(c.ct...))
 		got := ""
-		switch s.(type) {
+		switch s := s.(type) {
 		case *formScan:
 			got = "form"
 		case *partScan:
@@ -242,7 +242,16 @@ func TestBodyScanner(t *testing.T) {
 		case *jsonScan:
 			got = "json"
 		case multiScan:
-			got = "form+json"
+			var kinds []string
+			for _, x := range s {
+				switch x.(type) {
+				case *formScan:
+					kinds = append(kinds, "form")
+				case *jsonScan:
+					kinds = append(kinds, "json")
+				}
+			}
+			got = strings.Join(kinds, "+")
 		}
 		if err != nil {
 			got = "error"
