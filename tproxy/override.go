@@ -109,12 +109,17 @@ func (s *qsScan) Write(p []byte) (int, error) {
 		if i >= 0 {
 			piece = p[:i]
 		}
-		if n := maxQSPair - len(s.pair); n > 0 {
-			s.pair = append(s.pair, piece[:min(n, len(piece))]...)
-		}
-		if len(s.pair) >= maxQSPair {
+		n := min(max(0, maxQSPair-len(s.pair)), len(piece))
+		s.pair = append(s.pair, piece[:n]...)
+		if len(piece) > n && !s.long {
+			// Past the bound: watched from the pair's start, in order.
 			s.long = true
-			for _, c := range piece {
+			for _, c := range s.pair {
+				s.watch.add(c)
+			}
+		}
+		if s.long {
+			for _, c := range piece[n:] {
 				s.watch.add(c)
 			}
 		}
@@ -132,9 +137,6 @@ func (s *qsScan) endPair() {
 	pair := s.pair
 	switch {
 	case s.long:
-		for _, c := range pair {
-			s.watch.add(c)
-		}
 		if s.watch.seen {
 			s.form.err = fmt.Errorf("%w: a form pair of over %d bytes that spells \"method\"", errOverride, maxQSPair)
 		}

@@ -413,3 +413,25 @@ func BenchmarkOverrideScan(b *testing.B) {
 		})
 	}
 }
+
+// A qs pair too long to read whole is refused if it spells "method"
+// anywhere, however it arrives.
+func TestQSLongPairSpellingMethod(t *testing.T) {
+	for _, at := range []int{0, maxQSPair - 3, maxQSPair, maxQSPair + 100} {
+		body := strings.Repeat("x", at) + "m%65thod" + strings.Repeat("y", maxQSPair)
+		for _, n := range []int{1, 7, 1 << 20} {
+			var s qsScan
+			for b := []byte(body); len(b) > 0; b = b[min(n, len(b)):] {
+				s.Write(b[:min(n, len(b))])
+			}
+			if _, err := s.finish(); !errors.Is(err, errOverride) {
+				t.Errorf("\"method\" at %d, in pieces of %d: %v, want a refusal", at, n, err)
+			}
+		}
+	}
+	var s qsScan
+	s.Write([]byte(strings.Repeat("x", 2*maxQSPair) + "&a=1"))
+	if _, err := s.finish(); err != nil {
+		t.Errorf("a long pair without it: %v", err)
+	}
+}
