@@ -1,11 +1,14 @@
 package dnsgate
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -23,6 +26,27 @@ import (
 type fastPair struct {
 	fast, slow     *Gate
 	fastEv, slowEv []Event
+	// member says the query being checked is the member's, who may have
+	// agent-only.test forwarded.
+	member atomic.Bool
+}
+
+// memberUpstream is refusingUpstream for a pair's rules: allowed.test may
+// be forwarded too, and agent-only.test for the member only. Asked about
+// any other name, or about that one for anyone else, it panics.
+type memberUpstream struct{ member *atomic.Bool }
+
+func (u memberUpstream) Exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
+	switch m.Question[0].Name {
+	case "allowed.test.":
+	case "agent-only.test.":
+		if !u.member.Load() {
+			panic("forwarded agent-only.test for a client that is not its member")
+		}
+	default:
+		return refusingUpstream{}.Exchange(ctx, m)
+	}
+	return nil, errors.New("no upstream in fuzzing")
 }
 
 func newFastPair(t testing.TB, unknown policy.Action) *fastPair {
@@ -40,7 +64,7 @@ func newFastPair(t testing.TB, unknown policy.Action) *fastPair {
 		guard, _ := NewGuard(GuardConfig{}, nil)
 		g, err := New(Config{Sandbox: "test", Listen: netip.MustParseAddrPort("127.0.0.1:0"),
 			Clients: netip.MustParsePrefix("127.0.0.0/24"),
-			Policy:  policy.NewRuleset(unknown, rules), Pool: pool, Upstream: refusingUpstream{}, Guard: guard,
+			Policy:  policy.NewRuleset(unknown, rules), Pool: pool, Upstream: memberUpstream{&p.member}, Guard: guard,
 			Members: func(a netip.Addr) string {
 				if a == netip.MustParseAddr("127.0.0.2") {
 					return "agent"
@@ -81,6 +105,7 @@ func sockaddr(addr string) *unix.RawSockaddrInet4 {
 // when it did not, it must have done nothing.
 func (p *fastPair) check(t testing.TB, client string, b []byte) bool {
 	t.Helper()
+	p.member.Store(netip.MustParseAddrPort(client).Addr() == netip.MustParseAddr("127.0.0.2"))
 	var st fastState
 	fast := &udpReplies{batch: newUDPBatch(unix.SYS_SENDMMSG, false)}
 	fast.begin(sockaddr(client))
