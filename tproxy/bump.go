@@ -285,12 +285,8 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // forbid answers 403 with a body that says what was blocked and how to
 // allow it.
 func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *RequestRecord) {
-	body := denial{sandbox: h.p.cfg.Sandbox, source: rec.Source, request: r.Method + " " + rec.URL, reason: rec.Reason, rule: rec.Rule,
-		suggest: r.Method + " " + h.host + r.URL.EscapedPath(), approvalURL: h.p.cfg.ApprovalURL}.page()
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Airlock-Verdict", "deny")
-	w.WriteHeader(http.StatusForbidden)
-	io.WriteString(w, body)
+	denial{sandbox: h.p.cfg.Sandbox, source: rec.Source, request: r.Method + " " + rec.URL, reason: rec.Reason, rule: rec.Rule,
+		suggest: r.Method + " " + h.host + r.URL.EscapedPath(), approvalURL: h.p.cfg.ApprovalURL}.write(w)
 }
 
 // bodyOverrides decides the methods a request's form body names as
@@ -432,11 +428,8 @@ func (p *Proxy) reverseProxy(scheme string, tr http.RoundTripper) *httputil.Reve
 			var ref *overrideRefusal
 			if errors.As(err, &ref) {
 				// The body ended with the refusal of its form's override.
-				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-				w.Header().Set("X-Airlock-Verdict", "deny")
-				w.WriteHeader(http.StatusForbidden)
-				io.WriteString(w, denial{sandbox: p.cfg.Sandbox, source: source, request: r.Method + " " + r.URL.String(), reason: ref.reason,
-					rule: ref.rule, suggest: ref.suggest, approvalURL: p.cfg.ApprovalURL}.page())
+				denial{sandbox: p.cfg.Sandbox, source: source, request: r.Method + " " + r.URL.String(), reason: ref.reason,
+					rule: ref.rule, suggest: ref.suggest, approvalURL: p.cfg.ApprovalURL}.write(w)
 				return
 			}
 			p.upstreamError(w, source, r.Method, r.URL.String(), err)
@@ -451,11 +444,8 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, source, method, url string,
 	var se *ssrfError
 	if errors.As(err, &se) {
 		// A refusal, not an upstream failure.
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("X-Airlock-Verdict", "deny")
-		w.WriteHeader(http.StatusForbidden)
-		io.WriteString(w, denial{sandbox: p.cfg.Sandbox, source: source, request: method + " " + url, reason: se.Error(),
-			suggest: "cidr:" + strings.Fields(se.refused[0])[0] + "/32", approvalURL: p.cfg.ApprovalURL}.page())
+		denial{sandbox: p.cfg.Sandbox, source: source, request: method + " " + url, reason: se.Error(),
+			suggest: "cidr:" + strings.Fields(se.refused[0])[0] + "/32", approvalURL: p.cfg.ApprovalURL}.write(w)
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -3,6 +3,7 @@ package tproxy
 import (
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"time"
 
@@ -62,6 +63,14 @@ func (d denial) page() string {
 	fmt.Fprintf(&b, "request: %s\nreason:  %s\nrule:    %s\n\nTo allow it, approve it on airlock's page%s\nor add a rule to the sandbox's policy file, such as:\n  - pattern: %q\n",
 		visible.String(d.request), visible.String(d.reason), rule, hint, visible.String(d.suggest))
 	return b.String()
+}
+
+// write answers 403 with the page: a refused intercepted request.
+func (d denial) write(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Airlock-Verdict", "deny")
+	w.WriteHeader(http.StatusForbidden)
+	io.WriteString(w, d.page())
 }
 
 // reset closes with RST, so the client sees a refusal, not a clean end.
