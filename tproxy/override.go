@@ -34,9 +34,6 @@ const (
 	maxOverride = 64
 	// maxOverrides is how many override values one request may carry.
 	maxOverrides = 16
-	// maxNameSpelling is the longest a part's name can be and still be
-	// "_method": escaped, quoted, with RFC 2231's charset and language.
-	maxNameSpelling = 128
 )
 
 // errOverride is wrapped by every refusal of an override that cannot be
@@ -543,17 +540,23 @@ func (s *partScan) endHead(complete bool) {
 	}
 }
 
-// mentionsMethod reports whether a part's head names "method" in any
-// case, as written, without its backslashes or percent-decoded, or names
-// a field "_method" in any of its lines' parameters.
+// mentionsMethod reports whether a part's head spells "method" in any
+// case: as written, without its backslashes, percent-decoded, or both
+// (whatever name some server reads as "_method" is spelt so in one of
+// them), or in a name Go's parser joins from RFC 2231 pieces.
 func mentionsMethod(head []byte) bool {
 	h := strings.ToLower(string(head))
-	if strings.Contains(h, "method") || strings.Contains(strings.ReplaceAll(h, "\\", ""), "method") || strings.Contains(strings.ToLower(pctDecode(h)), "method") {
-		return true
+	unescaped := strings.ReplaceAll(h, "\\", "")
+	for _, v := range []string{h, unescaped, pctDecode(h), pctDecode(unescaped)} {
+		if strings.Contains(strings.ToLower(v), "method") {
+			return true
+		}
 	}
 	for line := range strings.SplitSeq(string(head), "\n") {
-		if _, v, ok := strings.Cut(line, ":"); ok && namesOverride(v) {
-			return true
+		if _, v, ok := strings.Cut(line, ":"); ok {
+			if _, params, err := mime.ParseMediaType(v); err == nil && isOverrideName(params["name"]) {
+				return true
+			}
 		}
 	}
 	return false
@@ -640,89 +643,6 @@ func (s *partScan) finish() ([]string, error) {
 		// A delimiter's line the body ends on: nothing follows.
 	}
 	return s.form.methods, s.form.err
-}
-
-// namesOverride reports whether a Content-Disposition value names a form
-// part "_method", as Go reads it or as any of its name= and name*=
-// parameters reads leniently: quoted (with and without its escapes), a
-// token, an RFC 2231 value after its charset and language, each also
-// percent-decoded.
-func namesOverride(v string) bool {
-	if _, params, err := mime.ParseMediaType(v); err == nil && isOverrideName(params["name"]) {
-		return true
-	}
-	for i := 0; i+4 <= len(v); i++ {
-		if !strings.EqualFold(v[i:i+4], "name") || i > 0 && !strings.ContainsRune("; \t", rune(v[i-1])) {
-			continue
-		}
-		j := i + 4
-		ext := false
-		for j < len(v) && (v[j] == '*' || '0' <= v[j] && v[j] <= '9') {
-			ext = ext || v[j] == '*'
-			j++
-		}
-		j = skipBlanks(v, j)
-		if j == len(v) || v[j] != '=' {
-			continue
-		}
-		j = skipBlanks(v, j+1)
-		quoted := j < len(v) && v[j] == '"'
-		if quoted {
-			j++
-		}
-		for j < len(v) && v[j] == ' ' { // PHP drops leading spaces
-			j++
-		}
-		// Enough of the value for any spelling of "_method": a longer
-		// one is not it.
-		seg := v[j:min(len(v), j+maxNameSpelling)]
-		var raw []string
-		if quoted {
-			k := 0
-			for k < len(seg) && seg[k] != '"' {
-				if seg[k] == '\\' {
-					k++
-				}
-				k++
-			}
-			q := seg[:min(k, len(seg))]
-			raw = []string{q, unquote(q)}
-		} else {
-			t, _, _ := strings.Cut(seg, ";")
-			raw = []string{strings.TrimSpace(t)}
-		}
-		for _, r := range raw {
-			if ext {
-				// charset'language'value
-				if parts := strings.SplitN(r, "'", 3); len(parts) == 3 {
-					r = parts[2]
-				}
-			}
-			if isOverrideName(r) || isOverrideName(pctDecode(r)) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func skipBlanks(v string, i int) int {
-	for i < len(v) && (v[i] == ' ' || v[i] == '\t') {
-		i++
-	}
-	return i
-}
-
-// unquote takes the escapes of a quoted string's content away.
-func unquote(q string) string {
-	var b strings.Builder
-	for i := 0; i < len(q); i++ {
-		if q[i] == '\\' && i+1 < len(q) {
-			i++
-		}
-		b.WriteByte(q[i])
-	}
-	return b.String()
 }
 
 // pctDecode decodes %XX escapes; a bad one stays as it is.

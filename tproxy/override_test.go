@@ -140,6 +140,7 @@ func TestPartScanFindsOverrides(t *testing.T) {
 		{"rfc 2231", override(`Content-Disposition: form-data; name*=utf-8''%5Fmethod`)},
 		{"continued", override(`Content-Disposition: form-data; name*0="_me"; name*1="thod"`)},
 		{"escaped", override(`Content-Disposition: form-data; name="_met\hod"`)},
+		{"escaped escape", override(`Content-Disposition: form-data; name="_%6\Dethod"`)},
 		{"two names", override(`Content-Disposition: form-data; name="x"; name="_method"`)},
 		{"two headers", override("Content-Disposition: form-data; name=\"x\"\r\nContent-Disposition: form-data; name=\"_method\"")},
 		{"folded", override("Content-Disposition: form-data;\r\n name=\"_method\"")},
