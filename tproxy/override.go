@@ -91,7 +91,7 @@ type qsScan struct {
 	pair  []byte
 	long  bool
 	watch methodWatch
-	form  formScan // keeps the methods, the bounds and the error
+	overrides
 }
 
 var qsBrackets = regexp.MustCompile(`%5[BbDd]`)
@@ -100,7 +100,7 @@ var qsBrackets = regexp.MustCompile(`%5[BbDd]`)
 const maxQSPair = 4 << 10
 
 func (s *qsScan) Write(p []byte) (int, error) {
-	for len(p) > 0 && s.form.err == nil {
+	for len(p) > 0 && s.err == nil {
 		i := bytes.IndexByte(p, '&')
 		piece := p
 		if i >= 0 {
@@ -126,7 +126,7 @@ func (s *qsScan) Write(p []byte) (int, error) {
 		s.endPair()
 		p = p[i+1:]
 	}
-	return len(p), s.form.err
+	return len(p), s.err
 }
 
 // endPair reads a pair as qs does.
@@ -135,7 +135,7 @@ func (s *qsScan) endPair() {
 	switch {
 	case s.long:
 		if s.watch.seen {
-			s.form.err = fmt.Errorf("%w: a form pair of over %d bytes that spells \"method\"", errOverride, maxQSPair)
+			s.err = fmt.Errorf("%w: a form pair of over %d bytes that spells \"method\"", errOverride, maxQSPair)
 		}
 	default:
 		// qs reads %5B and %5D as brackets before anything else.
@@ -157,50 +157,35 @@ func (s *qsScan) endPair() {
 			// decodeURIComponent fails.
 			v := strings.ReplaceAll(string(value), "+", " ")
 			d := pctDecode(v)
-			s.form.note([]byte(d), len(d) > maxOverride)
-			if d != v && (strings.Count(v, "%") != (len(v)-len(d))/2 || !utf8.ValidString(d)) && s.form.err == nil {
-				s.form.note([]byte(v), len(v) > maxOverride)
+			s.note([]byte(d), len(d) > maxOverride)
+			if d != v && (strings.Count(v, "%") != (len(v)-len(d))/2 || !utf8.ValidString(d)) && s.err == nil {
+				s.note([]byte(v), len(v) > maxOverride)
 			}
 		}
 	}
 	s.pair, s.long, s.watch = s.pair[:0], false, methodWatch{}
 }
 
-func (s *qsScan) found() []string { return s.form.methods }
-
 func (s *qsScan) finish() ([]string, error) {
-	if s.form.err == nil && (len(s.pair) > 0 || s.long) {
+	if s.err == nil && (len(s.pair) > 0 || s.long) {
 		s.endPair()
 	}
-	return s.form.methods, s.form.err
+	return s.methods, s.err
 }
 
 // methodWatch watches a stream for "method" in any case, as written or
 // percent-decoded.
 type methodWatch struct {
 	raw, dec uint64 // the last bytes, lower-cased, one per byte
-	esc      []byte
+	unesc    unescaper
 	seen     bool
 }
 
 func (w *methodWatch) add(c byte) {
 	w.raw = w.push(w.raw, c)
-	switch {
-	case len(w.esc) > 0:
-		w.esc = append(w.esc, c)
-		if !isHex(c) {
-			for _, e := range w.esc {
-				w.dec = w.push(w.dec, e)
-			}
-			w.esc = w.esc[:0]
-		} else if len(w.esc) == 3 {
-			w.dec = w.push(w.dec, unhex(w.esc[1])<<4|unhex(w.esc[2]))
-			w.esc = w.esc[:0]
-		}
-	case c == '%':
-		w.esc = append(w.esc, c)
-	default:
-		w.dec = w.push(w.dec, c)
+	var buf [3]byte
+	for _, d := range w.unesc.feed(buf[:0], c) {
+		w.dec = w.push(w.dec, d)
 	}
 }
 
@@ -245,10 +230,9 @@ type formScan struct {
 	long        bool // the value passed maxOverride
 	// skip says nothing more of the pair can make it an override's: its
 	// name is not, or as much of it as a decision needs is known not to be.
-	skip    bool
-	esc     []byte
-	methods []string
-	err     error
+	skip  bool
+	unesc unescaper
+	overrides
 }
 
 func (s *formScan) Write(p []byte) (int, error) {
@@ -275,17 +259,9 @@ func (s *formScan) Write(p []byte) (int, error) {
 			// Servers split a name from its value before they decode.
 			s.flushEscape()
 			s.inValue, s.skip = true, !isOverrideName(string(s.name))
-		case len(s.esc) > 0:
-			s.esc = append(s.esc, c)
-			if !isHex(c) {
-				s.emit(s.esc...) // not an escape: as it came
-				s.esc = s.esc[:0]
-			} else if len(s.esc) == 3 {
-				s.emit(unhex(s.esc[1])<<4 | unhex(s.esc[2]))
-				s.esc = s.esc[:0]
-			}
-		case c == '%':
-			s.esc = append(s.esc, c)
+		case s.unesc.open() || c == '%':
+			var buf [3]byte
+			s.emit(s.unesc.feed(buf[:0], c)...)
 		case c == '+':
 			s.emit(' ')
 		default:
@@ -331,22 +307,65 @@ func (s *formScan) endPair() {
 
 // flushEscape emits an escape cut short as it came.
 func (s *formScan) flushEscape() {
-	if len(s.esc) > 0 {
-		esc := s.esc
-		s.esc = nil
-		s.emit(esc...)
+	if s.unesc.open() {
+		var buf [2]byte
+		s.emit(s.unesc.flush(buf[:0])...)
 	}
 }
 
+// unescaper decodes %XX escapes a byte at a time, as a form's servers
+// do: an escape cut short by a byte that is not a hex digit goes on as it
+// came.
+type unescaper struct {
+	esc [3]byte
+	n   int
+}
+
+func (u *unescaper) open() bool { return u.n > 0 }
+
+// feed appends to out what c decodes to so far: nothing while an escape
+// is open.
+func (u *unescaper) feed(out []byte, c byte) []byte {
+	switch {
+	case u.n == 0 && c != '%':
+		return append(out, c)
+	case u.n > 0 && !isHex(c):
+		out = append(out, u.esc[:u.n]...)
+		u.n = 0
+		return append(out, c)
+	}
+	u.esc[u.n] = c
+	if u.n++; u.n < 3 {
+		return out
+	}
+	u.n = 0
+	return append(out, unhex(u.esc[1])<<4|unhex(u.esc[2]))
+}
+
+// flush appends an escape left open, as it came.
+func (u *unescaper) flush(out []byte) []byte {
+	out = append(out, u.esc[:u.n]...)
+	u.n = 0
+	return out
+}
+
+// overrides keeps the methods a scan has found, and its error.
+type overrides struct {
+	methods []string
+	err     error
+}
+
+func (o *overrides) found() []string { return o.methods }
+
 // note takes an override's value; one that is too long, or one too many,
 // is an error.
-func (s *formScan) note(v []byte, long bool) {
+func (o *overrides) note(v []byte, long bool) {
 	if long {
-		s.err = fmt.Errorf("%w of over %d bytes", errOverride, maxOverride)
+		o.err = fmt.Errorf("%w of over %d bytes", errOverride, maxOverride)
 		return
 	}
-	if s.methods = appendMethods(s.methods, string(v)); len(s.methods) > maxOverrides {
-		s.err = fmt.Errorf("%w: more than %d", errOverride, maxOverrides)
+	if o.methods = appendMethods(o.methods, string(v)); len(o.methods) > maxOverrides {
+		o.err = fmt.Errorf("%w: more than %d", errOverride, maxOverrides)
 	}
 }
 
@@ -394,7 +413,7 @@ type partScan struct {
 	capture bool
 	value   []byte
 	vlong   bool
-	form    formScan // keeps the methods, the bounds and the error
+	overrides
 }
 
 // partScan's states.
@@ -412,19 +431,19 @@ func newPartScan(boundary string) *partScan {
 }
 
 func (s *partScan) Write(p []byte) (int, error) {
-	if s.form.err != nil {
-		return 0, s.form.err
+	if s.err != nil {
+		return 0, s.err
 	}
 	s.buf = append(s.buf, p...)
 	rest := s.take(s.buf, false)
 	s.buf = append(s.buf[:0], rest...)
-	return len(p), s.form.err
+	return len(p), s.err
 }
 
 // take reads b and returns what it keeps back: the bytes that may begin a
 // delimiter, unless b is the stream's last.
 func (s *partScan) take(b []byte, last bool) []byte {
-	for len(b) > 0 && s.form.err == nil {
+	for len(b) > 0 && s.err == nil {
 		switch s.state {
 		case inValue:
 			i := bytes.Index(b, s.delim)
@@ -526,14 +545,14 @@ func (s *partScan) endHead(complete bool) {
 	case !complete:
 		// No client writes such a head; a server may read on past the
 		// bound, and find a name there.
-		s.form.err = fmt.Errorf("%w: a form part's head of over %d bytes, or not ended by an empty line", errOverride, maxPartHead)
+		s.err = fmt.Errorf("%w: a form part's head of over %d bytes, or not ended by an empty line", errOverride, maxPartHead)
 	case !regularHead(s.head):
-		s.form.err = fmt.Errorf("%w: a form part's head not written as \"Name: value\" lines ending in CRLF", errOverride)
+		s.err = fmt.Errorf("%w: a form part's head not written as \"Name: value\" lines ending in CRLF", errOverride)
 	case !mentionsMethod(s.head):
 	default:
 		name, plain := plainHead(s.head)
 		if !plain {
-			s.form.err = fmt.Errorf("%w: a form part's head names \"method\" in a way servers may read differently", errOverride)
+			s.err = fmt.Errorf("%w: a form part's head names \"method\" in a way servers may read differently", errOverride)
 			return
 		}
 		s.capture = isOverrideName(name)
@@ -623,7 +642,7 @@ func (s *partScan) addValue(b []byte) {
 func (s *partScan) endPart() {
 	if s.capture {
 		v := bytes.TrimSuffix(s.value, []byte("\n"))
-		s.form.note(bytes.TrimSuffix(v, []byte("\r")), s.vlong)
+		s.note(bytes.TrimSuffix(v, []byte("\r")), s.vlong)
 	}
 	s.capture = false
 }
@@ -636,13 +655,13 @@ func (s *partScan) finish() ([]string, error) {
 	case inValue:
 		s.endPart() // a part left open is read as far as it goes
 	case inHead:
-		if s.form.err == nil && mentionsMethod(s.head) {
-			s.form.err = fmt.Errorf("%w: a form part's head names \"method\" and does not end", errOverride)
+		if s.err == nil && mentionsMethod(s.head) {
+			s.err = fmt.Errorf("%w: a form part's head names \"method\" and does not end", errOverride)
 		}
 	case inDelimLine:
 		// A delimiter's line the body ends on: nothing follows.
 	}
-	return s.form.methods, s.form.err
+	return s.methods, s.err
 }
 
 // pctDecode decodes %XX escapes; a bad one stays as it is.
@@ -672,10 +691,6 @@ type overrideScanner interface {
 	// finish ends the body and returns every method it names.
 	finish() ([]string, error)
 }
-
-func (s *formScan) found() []string { return s.methods }
-func (s *partScan) found() []string { return s.form.methods }
-func (s *jsonScan) found() []string { return s.form.methods }
 
 // bodyScanner returns the scanner of r's body's override fields, or nil if
 // no server would read one from it: a form (application/x-www-form-urlencoded,
@@ -823,7 +838,7 @@ type jsonScan struct {
 	// next; match says the key is an override's.
 	role  int
 	match bool
-	form  formScan // keeps the methods, the bounds and the error
+	overrides
 }
 
 // jsonScan's roles at the top level.
@@ -836,8 +851,8 @@ const (
 
 func (s *jsonScan) Write(p []byte) (int, error) {
 	for i := 0; i < len(p); i++ {
-		if s.form.err != nil {
-			return 0, s.form.err
+		if s.err != nil {
+			return 0, s.err
 		}
 		if s.inString && s.esc == 0 && s.depth != 1 {
 			// A string below the top level: only its end matters.
@@ -857,8 +872,8 @@ func (s *jsonScan) Write(p []byte) (int, error) {
 			continue
 		}
 		if s.depth == 1 && s.object && s.role == jsonValue && s.match && c != '"' {
-			s.form.err = fmt.Errorf("%w: a JSON \"_method\" whose value is not a string", errOverride)
-			return 0, s.form.err
+			s.err = fmt.Errorf("%w: a JSON \"_method\" whose value is not a string", errOverride)
+			return 0, s.err
 		}
 		switch c {
 		case '"':
@@ -887,7 +902,7 @@ func (s *jsonScan) Write(p []byte) (int, error) {
 			}
 		}
 	}
-	return len(p), s.form.err
+	return len(p), s.err
 }
 
 // stringByte reads a byte of a string, unescaping it.
@@ -948,14 +963,14 @@ func (s *jsonScan) endString() {
 		s.role, s.match = jsonColon, !s.long && isOverrideName(string(s.str))
 	case jsonValue:
 		if s.match {
-			s.form.note(s.str, s.long)
+			s.note(s.str, s.long)
 		}
 		s.role = jsonAfter
 	}
 }
 
 func (s *jsonScan) finish() ([]string, error) {
-	return s.form.methods, s.form.err
+	return s.methods, s.err
 }
 
 // overrideRefusal ends a request body whose form names a method override
