@@ -204,7 +204,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if u := r.Header.Get("Upgrade"); u != "" && !strings.EqualFold(u, "websocket") {
 		stripUpgrade(r.Header)
 	}
-	d := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, Path: target})
+	d := h.decide(rec.Source, r.Method, target)
 	// Servers that honour a method override act on it: it is decided too,
 	// and the stricter answer stands. Every value is: servers differ on
 	// which of several they take.
@@ -231,7 +231,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, m := range append(overrideMethods(r.Header), queried...) {
 		if m != strings.ToUpper(r.Method) {
-			od := h.p.cfg.Policy.Decide(policy.Query{Source: rec.Source, Host: h.host, Port: h.port, Method: m, Path: target})
+			od := h.decide(rec.Source, m, target)
 			if od.Verdict == policy.Deny || od.Verdict == policy.Ask && d.Verdict == policy.Allow {
 				d = od
 			}
@@ -289,6 +289,12 @@ func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *Reques
 		suggest: r.Method + " " + h.host + r.URL.EscapedPath(), approvalURL: h.p.cfg.ApprovalURL}.write(w)
 }
 
+// decide decides a request of member source, by method and target, to
+// the connection's host.
+func (h *bumpHandler) decide(source, method, target string) policy.Decision {
+	return h.p.cfg.Policy.Decide(policy.Query{Source: source, Host: h.host, Port: h.port, Method: method, Path: target})
+}
+
 // bodyOverrides decides the methods a request's form body names as
 // overrides: each must be allowed by a rule of its own, since nobody can
 // be asked once the body is on its way.
@@ -297,7 +303,7 @@ func (h *bumpHandler) bodyOverrides(method, source, target string, methods []str
 		if m == strings.ToUpper(method) {
 			continue
 		}
-		d := h.p.cfg.Policy.Decide(policy.Query{Source: source, Host: h.host, Port: h.port, Method: m, Path: target})
+		d := h.decide(source, m, target)
 		if d.Verdict == policy.Allow {
 			continue
 		}
