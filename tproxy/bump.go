@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/airlockhq/airlock/policy"
@@ -152,18 +151,25 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// One allocation for both: each request has its own.
 	state := &struct {
 		rw   recordingWriter
-		body countingBody
-	}{rw: recordingWriter{ResponseWriter: w, start: start}, body: countingBody{ReadCloser: r.Body}}
+		body recordedBody
+	}{rw: recordingWriter{ResponseWriter: w, start: start}}
 	rw, body := &state.rw, &state.body
-	r.Body = body
-	unrecorded := false // refused so: counted, not recorded (see Proxy.refused)
+	var ob *overrideBody // the body's override scan, if it has one
+	unrecorded := false  // refused so: counted, not recorded (see Proxy.refused)
 	defer func() {
+		// Nothing more of the body goes upstream once the request is
+		// recorded: what was forwarded, and what was refused on its
+		// way, is in the record.
+		rec.ReqBytes = body.end()
 		if unrecorded {
 			h.p.refused.Add()
 			return
 		}
+		if ref := ob.refusal(); ref != nil {
+			rec.Verdict, rec.Reason, rec.Rule = policy.Deny, ref.reason, ref.rule
+		}
 		rec.Status, rec.ResBytes, rec.TTFB = rw.status, rw.n, rw.ttfb
-		rec.ReqBytes, rec.Duration = body.n.Load(), time.Since(start)
+		rec.Duration = time.Since(start)
 		if hw, ok := w.(*h1Response); ok {
 			// Recorded once the answer's last bytes have left: the
 			// journal's write is not on the way to the member.
@@ -213,17 +219,13 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		var scan overrideScanner
 		if scan, err = bodyScanner(r); scan != nil {
-			ob := &overrideBody{ReadCloser: r.Body, scan: scan, decide: func(methods []string) *overrideRefusal {
+			ob = &overrideBody{ReadCloser: r.Body, scan: scan, decide: func(methods []string) *overrideRefusal {
 				return h.bodyOverrides(r.Method, rec.Source, target, methods)
 			}}
 			r.Body = ob
-			defer func() {
-				if ref := ob.refusal(); ref != nil {
-					rec.Verdict, rec.Reason, rec.Rule = policy.Deny, ref.reason, ref.rule
-				}
-			}()
 		}
 	}
+	body.ReadCloser, r.Body = r.Body, body
 	if err != nil {
 		rec.Reason = err.Error()
 		h.forbid(rw, r, &rec)
@@ -582,17 +584,43 @@ func (w *recordingWriter) Flush() {
 	http.NewResponseController(w.ResponseWriter).Flush()
 }
 
-type countingBody struct {
+// recordedBody is a request's body as it is handed on upstream: it counts
+// the bytes handed on, and ends when the request is recorded. A Transport's
+// write loop may still be reading the body then (an upstream that answered
+// before reading it); what it reads after is dropped, so the record holds
+// everything that went upstream.
+type recordedBody struct {
 	io.ReadCloser
-	// n is read for the record while a Transport's write loop may still
-	// be reading the body (an upstream that answered before reading it).
-	n atomic.Int64
+	mu    sync.Mutex // guards n and ended
+	n     int64
+	ended bool
 }
 
-func (b *countingBody) Read(p []byte) (int, error) {
+var errRecorded = errors.New("the request was answered and recorded before its body ended")
+
+func (b *recordedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	ended := b.ended
+	b.mu.Unlock()
+	if ended {
+		return 0, errRecorded
+	}
 	n, err := b.ReadCloser.Read(p)
-	b.n.Add(int64(n))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended {
+		return 0, errRecorded // under way when the request was recorded
+	}
+	b.n += int64(n)
 	return n, err
+}
+
+// end stops the body and returns the bytes handed on.
+func (b *recordedBody) end() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ended = true
+	return b.n
 }
 
 // prefixConn replays the peeked bytes before the rest of the connection.

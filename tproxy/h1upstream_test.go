@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -502,5 +503,128 @@ func TestBumpUpgradeToAnotherProtocolIsClosed(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Errorf("a switch to another protocol (%q): the upstream connection was left open", body)
 		}
+	}
+}
+
+// TestBumpNothingForwardedAfterTheRecord: a request's record is its whole
+// exchange. An upstream that answers before it reads the body gets no
+// more of it once the answer is done and recorded: what the member sends
+// after that (here a form's _method=DELETE that a DELETE deny rule would
+// refuse) is neither forwarded nor decided unrecorded, and the record's
+// request bytes are the bytes the upstream received.
+func TestBumpNothingForwardedAfterTheRecord(t *testing.T) {
+	up, ln := tlsUpstream(t)
+	t.Cleanup(func() { ln.Close() })
+	received := make(chan string, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				r, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly")
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				b, _ := io.ReadAll(r.Body)
+				received <- string(b)
+			}()
+		}
+	}()
+	records := make(chan RequestRecord, 4)
+	port := up.httpsPort
+	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
+		rules(port, fmt.Sprintf("api.allowed.test:%d", port))+fmt.Sprintf("  network_denylist:\n    - pattern: \"DELETE api.allowed.test:%d\"\n", port),
+		func(c *Config) { c.OnRequest = func(r RequestRecord) { records <- r } })
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	url := fmt.Sprintf("https://api.allowed.test:%d/v1/early", port)
+	for _, proto := range []string{"http/1.1", "h2"} {
+		tr := &http.Transport{ForceAttemptHTTP2: true, TLSClientConfig: &tls.Config{RootCAs: roots, NextProtos: []string{proto}},
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "tcp4", h.proxy.Addr().String())
+			}}
+		defer tr.CloseIdleConnections()
+		body, more := io.Pipe()
+		defer more.Close()
+		rest := "&_method=DELETE&b=" + strings.Repeat("x", 4096)
+		req, _ := http.NewRequest("POST", url, body)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.ContentLength = int64(len("a=1") + len(rest))
+		go more.Write([]byte("a=1"))
+		res, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", proto, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 || string(b) != "early" {
+			t.Fatalf("%s: %d %q, want the upstream's early answer", proto, res.StatusCode, b)
+		}
+		var rec RequestRecord
+		select {
+		case rec = <-records:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the request was not recorded", proto)
+		}
+		// The rest of the form comes after the answer and its record.
+		go func() { more.Write([]byte(rest)); more.Close() }()
+		var got string
+		select {
+		case got = <-received:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the upstream's read of the body did not end", proto)
+		}
+		if strings.Contains(got, "_method") {
+			t.Errorf("%s: the upstream received %q after the record", proto, got)
+		}
+		if rec.ReqBytes != int64(len(got)) {
+			t.Errorf("%s: recorded %d request bytes, the upstream received %d (%q)", proto, rec.ReqBytes, len(got), got)
+		}
+		select {
+		case r := <-records:
+			t.Errorf("%s: a second record for one request: %+v", proto, r)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// TestRecordedBodyEnds: a read of the body that was under way when the
+// request was recorded hands nothing on, and the count stays what the
+// record holds.
+func TestRecordedBodyEnds(t *testing.T) {
+	pr, pw := io.Pipe()
+	b := &recordedBody{ReadCloser: pr}
+	go pw.Write([]byte("first"))
+	buf := make([]byte, 64)
+	if n, err := b.Read(buf); n != 5 || err != nil {
+		t.Fatalf("read %d, %v; want 5 bytes", n, err)
+	}
+	type result struct {
+		n   int
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		n, err := b.Read(buf) // waits for the member's next bytes
+		got <- result{n, err}
+	}()
+	if n := b.end(); n != 5 {
+		t.Fatalf("end = %d, want 5", n)
+	}
+	// Taken by the read under way, if it had begun.
+	go pw.Write([]byte("after the record"))
+	defer pw.Close()
+	r := <-got
+	if r.n != 0 || !errors.Is(r.err, errRecorded) {
+		t.Fatalf("read after the record: %d, %v; want 0, errRecorded", r.n, r.err)
+	}
+	if n, err := b.Read(buf); n != 0 || !errors.Is(err, errRecorded) {
+		t.Fatalf("next read: %d, %v; want 0, errRecorded", n, err)
 	}
 }

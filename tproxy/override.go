@@ -1070,8 +1070,12 @@ func (b *overrideBody) refuse(r *overrideRefusal) {
 	b.err = r
 }
 
-// refusal returns the refusal the body ended with, if any.
+// refusal returns the refusal the body ended with, if any (none for a nil
+// body: a request without an override scan).
 func (b *overrideBody) refusal() *overrideRefusal {
+	if b == nil {
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.refused
