@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,12 +232,23 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.forbid(rw, r, &rec)
 		return
 	}
+	// The methods no rule decides, each asked about as itself: a person
+	// who is asked about an override is shown the method the server will
+	// act on, and a held request is released only by what allows that.
+	var asks []string
+	if d.Verdict == policy.Ask {
+		asks = append(asks, r.Method)
+	}
 	for _, m := range append(overrideMethods(r.Header), queried...) {
-		if m != strings.ToUpper(r.Method) {
-			od := h.decide(rec.Source, m, target)
-			if od.Verdict == policy.Deny || od.Verdict == policy.Ask && d.Verdict == policy.Allow {
-				d = od
-			}
+		if m == strings.ToUpper(r.Method) || slices.Contains(asks, m) {
+			continue
+		}
+		od := h.decide(rec.Source, m, target)
+		if od.Verdict == policy.Ask {
+			asks = append(asks, m)
+		}
+		if od.Verdict == policy.Deny || od.Verdict == policy.Ask && d.Verdict == policy.Allow {
+			d = od
 		}
 	}
 	if d.Rule != nil {
@@ -246,21 +258,23 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case policy.Allow:
 		rec.Reason = d.Reason.String()
 	case policy.Ask:
-		// Each request no rule decides is asked about with its own method
-		// and URL: an approval once covers exactly the request shown.
+		// Each request no rule decides is asked about with its method and
+		// URL: an approval once covers exactly the request shown.
 		if h.p.cfg.Approvals == nil {
 			rec.Reason = "no rule matched and nobody can be asked"
 			h.forbid(rw, r, &rec)
 			return
 		}
-		out := h.p.cfg.Approvals.Ask(r.Context(), policy.AskRequest{Source: rec.Source, Host: h.host, Port: h.port, Method: r.Method, URL: rec.URL, Headers: rec.Headers})
-		if out.Rule != nil {
-			rec.Rule = out.Rule.Pattern.String()
-		}
-		rec.Reason = out.Reason
-		if !out.Allowed {
-			h.forbid(rw, r, &rec)
-			return
+		for _, m := range asks {
+			out := h.p.cfg.Approvals.Ask(r.Context(), policy.AskRequest{Source: rec.Source, Host: h.host, Port: h.port, Method: m, URL: rec.URL, Headers: rec.Headers})
+			if out.Rule != nil {
+				rec.Rule = out.Rule.Pattern.String()
+			}
+			rec.Reason = out.Reason
+			if !out.Allowed {
+				h.forbid(rw, r, &rec)
+				return
+			}
 		}
 	default:
 		// Detail names a preset whose read-only rule refused the request.

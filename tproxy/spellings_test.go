@@ -1,0 +1,202 @@
+package tproxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/airlockhq/airlock/internal/testcerts"
+	"github.com/airlockhq/airlock/policy"
+)
+
+// recordingUpstream is a TLS server for api.allowed.test that keeps the raw bytes
+// of each connection and answers every request head with 200 "ok", reading
+// a chunked or Content-Length body first.
+type recordingUpstream struct {
+	*upstream
+	mu  sync.Mutex
+	raw []*bytes.Buffer
+}
+
+func startRecordingUpstream(t *testing.T) *recordingUpstream {
+	ca, leaf, err := testcerts.New([]string{"api.allowed.test", "allowed.test"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &recordingUpstream{upstream: &upstream{caFile: filepath.Join(t.TempDir(), "ca.pem")}}
+	os.WriteFile(u.caFile, ca, 0o644)
+	l, _ := tls.Listen("tcp4", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{leaf}, NextProtos: []string{"http/1.1"}})
+	u.httpsPort = uint16(l.Addr().(*net.TCPAddr).Port)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			buf := &bytes.Buffer{}
+			u.mu.Lock()
+			u.raw = append(u.raw, buf)
+			u.mu.Unlock()
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(io.TeeReader(c, lockedWriter{&u.mu, buf}))
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	return u
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (u *recordingUpstream) all() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var s strings.Builder
+	for _, b := range u.raw {
+		s.Write(b.Bytes())
+	}
+	return s.String()
+}
+
+// exchangeRaw opens an intercepted HTTP/1.1 connection, writes req as it
+// is, and returns the status line of the answer.
+func exchangeRaw(t *testing.T, h *harness, roots *x509.CertPool, req string) string {
+	t.Helper()
+	c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, req)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return fmt.Sprintf("%d %s", resp.StatusCode, strings.SplitN(string(b), "\n", 2)[0])
+}
+
+func recordingHarness(t *testing.T, policyYAML func(port uint16) string) (*recordingUpstream, *harness, *x509.CertPool) {
+	up := startRecordingUpstream(t)
+	h, ca := newBumpHarness(t, up.upstream, netip.AddrPortFrom(fake("api.allowed.test"), up.httpsPort), policyYAML(up.httpsPort))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM())
+	return up, h, roots
+}
+
+// allowDenyPolicy: unknown_action deny, the host allowed as the extra rules say,
+// with deny rules.
+func allowDenyPolicy(allow []string, deny []string) func(uint16) string {
+	return func(port uint16) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "sandbox:\n  unknown_action: deny\n  network_allowlist:\n    user:\n      - pattern: \"cidr:127.0.0.1/32:%d\"\n", port)
+		for _, a := range allow {
+			fmt.Fprintf(&b, "      - pattern: \"%s\"\n", fmt.Sprintf(a, port))
+		}
+		if len(deny) > 0 {
+			b.WriteString("  network_denylist:\n")
+			for _, d := range deny {
+				fmt.Fprintf(&b, "    - pattern: \"%s\"\n", fmt.Sprintf(d, port))
+			}
+		}
+		return b.String()
+	}
+}
+
+// reachedUpstream sends req and reports whether its request line reached the
+// upstream, with airlock's answer.
+func reachedUpstream(t *testing.T, up *recordingUpstream, h *harness, roots *x509.CertPool, method, target, extra string) (bool, string) {
+	t.Helper()
+	a := fmt.Sprintf("api.allowed.test:%d", up.httpsPort)
+	status := exchangeRaw(t, h, roots, method+" "+target+" HTTP/1.1\r\nHost: "+a+"\r\n"+extra+"Connection: close\r\n\r\n")
+	time.Sleep(50 * time.Millisecond)
+	return strings.Contains(up.all(), method+" "+target+" HTTP/1.1\r\n"), status
+}
+
+// TestHeldOverrideIsAskedAsItsMethod: a request whose method override is
+// what no rule decides (GET allowed, the DELETE it names unknown; in a
+// header, or in the query as Laravel and Symfony read "_method") is held
+// and shown as the DELETE the server will act on. Releasing held requests
+// after an unrelated rule is added does not let it go; allowing the DELETE
+// shown does.
+func TestHeldOverrideIsAskedAsItsMethod(t *testing.T) {
+	for _, c := range []struct{ name, target, header, sent string }{
+		{"header", "/v1/repo", "X-HTTP-Method-Override: DELETE\r\n", "X-Http-Method-Override: DELETE"},
+		{"query", "/v1/repo?_method=DELETE", "", "?_method=DELETE"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up, h, roots := recordingHarness(t, func(port uint16) string {
+				return fmt.Sprintf(`sandbox:
+  unknown_action: ask
+  approval_timeout: 20
+  network_allowlist:
+    user:
+      - pattern: "cidr:127.0.0.1/32:%[1]d"
+      - pattern: "GET api.allowed.test:%[1]d/v1/*"
+`, port)
+			})
+			a := fmt.Sprintf("api.allowed.test:%d", up.httpsPort)
+			done := make(chan string, 1)
+			go func() {
+				done <- exchangeRaw(t, h, roots, "GET "+c.target+" HTTP/1.1\r\nHost: "+a+"\r\n"+c.header+"Connection: close\r\n\r\n")
+			}()
+			p := h.waitPending(t, 1)
+			if p.Method != "DELETE" {
+				t.Errorf("the held request is shown as %q %s; the upstream will act on DELETE", p.Method, p.URL)
+			}
+			// A person allows something else (another approval, or a
+			// rule added on the page): held requests the rules now allow
+			// are released.
+			if _, err := h.sandbox.Add(policy.AddRequest{Pattern: fmt.Sprintf("GET %s/v2/*", a), List: policy.Allowlist, Source: "approved during run"}); err != nil {
+				t.Fatal(err)
+			}
+			h.broker.ReleaseAllowed()
+			if got := h.broker.List(); len(got) != 1 || got[0].ID != p.ID {
+				t.Fatalf("pending after an unrelated rule = %+v, want the DELETE still held", got)
+			}
+			if all := up.all(); strings.Contains(all, c.sent) {
+				t.Fatalf("the held DELETE went upstream without anyone allowing DELETE:\n%s", all)
+			}
+			if _, err := h.broker.Decide(p.ID, policy.Choice{Action: policy.ResolveAllowOnce}); err != nil {
+				t.Fatal(err)
+			}
+			if st := <-done; st != "200 ok" {
+				t.Errorf("allowed once: %s, want the upstream's 200", st)
+			}
+			if all := up.all(); !strings.Contains(all, c.sent) {
+				t.Errorf("allowed once, the upstream did not get the request:\n%s", all)
+			}
+		})
+	}
+}
