@@ -297,7 +297,6 @@ func (rs *Ruleset) Decide(q Query) Decision {
 func (rs *Ruleset) decideRequest(q *Query, host string, isIP bool) Decision {
 	rq := request{method: upperASCII(q.Method), raw: q.Path}
 	rq.clean, rq.merged, rq.ambiguous = requestPaths(q.Path)
-	rq.others = denyForms(rq.merged)
 	if i := strings.IndexAny(rq.raw, "?#"); i >= 0 {
 		rq.raw = rq.raw[:i]
 	}
@@ -356,7 +355,7 @@ type request struct {
 	raw       string // the path as sent, without query or fragment
 	clean     string
 	merged    string
-	others    []string // denyForms of merged
+	forms     []string // denyForms, once made
 	ambiguous bool
 }
 
@@ -479,10 +478,7 @@ func (ix *index) matchRequest(host, source string, port uint16, isIP bool, rq *r
 		case deny:
 			// A deny rule must not be slipped past with another spelling
 			// of the same path.
-			ok = p.matchRequest(rq.method, rq.clean) || p.matchRequest(rq.method, rq.merged) || p.matchRequest(rq.method, rq.raw)
-			for _, o := range rq.others {
-				ok = ok || p.matchRequest(rq.method, o)
-			}
+			ok = p.denies(rq)
 		case rq.ambiguous && (!p.anyPath() || p.pathRe != nil):
 			ok = false
 		default:

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -42,7 +43,26 @@ func (p *Pattern) matchRequest(method, path string) bool {
 	if p.pathRe != nil {
 		return p.pathRe.MatchString(path)
 	}
-	return p.anyPath() || globMatch(p.path, path)
+	return p.anyPath() || globMatch(p.glob, path)
+}
+
+// denies reports whether deny pattern p matches a request in any spelling
+// a server may take as the same (see request.denyForms). A deny rule on
+// GET also denies HEAD, which servers answer with the GET handler: its
+// side effects run, and the URL reaches the server.
+func (p *Pattern) denies(rq *request) bool {
+	if p.method != "" && p.method != rq.method && (p.method != "GET" || rq.method != "HEAD") {
+		return false
+	}
+	if p.anyPath() && p.pathRe == nil {
+		return true
+	}
+	for _, form := range rq.denyForms() {
+		if p.foldRe != nil && p.foldRe.MatchString(form) || p.foldRe == nil && globMatch(p.foldGlob, form) {
+			return true
+		}
+	}
+	return false
 }
 
 // globMatch reports whether s matches glob, where "*" matches any run of
@@ -112,15 +132,35 @@ func foldSlashes(p string) string {
 	return b.String()
 }
 
-// denyForms are the other spellings of a path that servers may take as
-// the same: segment parameters cut (Tomcat, Spring: "/admin;x/y" is
-// "/admin/y"), and lower case (IIS, Express by default). A deny rule that
-// matches any of them denies.
-func denyForms(merged string) []string {
-	if !strings.ContainsAny(merged, ";%ABCDEFGHIJKLMNOPQRSTUVWXYZ") {
-		return nil
+// denyForms returns the spellings of the request's path that deny rules
+// are checked against, in lower case (deny globs and regexes are compared
+// in lower case too): the path as sent, cleaned and with runs of "/"
+// folded, and the other spellings servers may take as the same:
+//   - segment parameters cut (Tomcat, Spring: "/admin;x/y" is "/admin/y");
+//   - any case (IIS, Express by default);
+//   - a trailing "/" (Express, Rails, Spring 5: "/admin/" is "/admin");
+//   - an NTFS stream, trailing dots and spaces cut from the last segment
+//     (IIS: "/admin::$DATA", "/admin." and "/admin%20" are "/admin");
+//   - a format suffix cut from the last segment (Rails, Spring's suffix
+//     matching: "/admin.json" is "/admin").
+//
+// They are made the first time a deny rule with a path is checked, once
+// per request.
+func (rq *request) denyForms() []string {
+	if rq.forms != nil {
+		return rq.forms
 	}
-	stripped := merged
+	forms := make([]string, 0, 8)
+	add := func(f string) {
+		f = strings.ToLower(f)
+		if !slices.Contains(forms, f) {
+			forms = append(forms, f)
+		}
+	}
+	for _, f := range []string{rq.clean, rq.merged, rq.raw} {
+		add(f)
+	}
+	stripped := rq.merged
 	if strings.Contains(stripped, ";") || strings.Contains(stripped, "%3B") {
 		segs := strings.Split(strings.ReplaceAll(stripped, "%3B", ";"), "/")
 		for i, s := range segs {
@@ -130,7 +170,28 @@ func denyForms(merged string) []string {
 		}
 		stripped = removeDotSegments(strings.Join(segs, "/"))
 	}
-	return []string{stripped, strings.ToLower(stripped)}
+	add(stripped)
+	f := strings.ToLower(stripped)
+	if len(f) > 1 {
+		f = strings.TrimRight(f, "/")
+	}
+	last := strings.LastIndexByte(f, '/') + 1
+	if i := strings.Index(f[last:], "::"); i >= 0 {
+		f = f[:last+i]
+	}
+	for {
+		t := strings.TrimSuffix(strings.TrimRight(f, ". "), "%20")
+		if t == f {
+			break
+		}
+		f = t
+	}
+	add(f)
+	if i := strings.IndexByte(f[last:], '.'); i > 0 {
+		add(f[:last+i])
+	}
+	rq.forms = forms
+	return forms
 }
 
 // decodeUnreserved decodes %XX escapes of unreserved characters

@@ -57,9 +57,14 @@ type Pattern struct {
 	host   string // KindExact: the host; KindWildcard: the suffix without "*."
 	port   uint16 // 0 means the default ports 80 and 443
 	path   string // glob starting with "/"; "" means any path
-	hostRe *regexp.Regexp
-	pathRe *regexp.Regexp
-	prefix netip.Prefix
+	// glob is path in the canonical form requests are decided in (escaped
+	// unreserved characters decoded, see CanonicalTarget); foldGlob is
+	// glob in lower case and foldRe pathRe ignoring case, for deny rules,
+	// which are checked against the spellings servers take as the same.
+	glob, foldGlob string
+	hostRe         *regexp.Regexp
+	pathRe, foldRe *regexp.Regexp
+	prefix         netip.Prefix
 }
 
 // ErrBroad is wrapped by the error Parse returns for a pattern that allows
@@ -253,6 +258,8 @@ func (p *Pattern) parseHost(s string, opts ParseOptions) error {
 		// "host/*" is kept as written so the user sees the pattern they
 		// chose; it matches every path, like the bare host (see anyPath).
 		p.path = path
+		p.glob, _ = decodeUnreserved(path)
+		p.foldGlob = strings.ToLower(p.glob)
 	}
 	switch {
 	case strings.Trim(host, "*.") == "" && strings.Contains(host, "*"):
@@ -307,6 +314,7 @@ func (p *Pattern) parseRegex(src string, opts ParseOptions) error {
 			return fmt.Errorf("path regex %q does not compile as RE2: %w", pathSrc, unwrapSyntax(err))
 		}
 		p.pathRe = pre
+		p.foldRe = regexp.MustCompile(`(?i)^(?:` + pathSrc + `)$`)
 	}
 	p.host = src
 	if !opts.Force {

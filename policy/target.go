@@ -103,6 +103,9 @@ func CanonicalTarget(target string) (string, error) {
 		}
 	}
 	canon := b.String()
+	if overlongUTF8(canon) {
+		return "", fmt.Errorf("%w: an overlong UTF-8 escape, which some servers read as the ASCII byte it spells (%%C0%%AE as \".\")", ErrAmbiguousPath)
+	}
 	for _, seg := range strings.Split(canon[1:], "/")[:strings.Count(canon, "/")-1] {
 		if seg == "" {
 			return "", fmt.Errorf("%w: an empty segment (//), which servers fold differently", ErrAmbiguousPath)
@@ -118,6 +121,28 @@ func CanonicalTarget(target string) (string, error) {
 		canon += "?" + query
 	}
 	return canon, nil
+}
+
+// overlongUTF8 reports whether the bytes a canonical path's escapes stand
+// for hold an overlong UTF-8 form: a 2-byte lead C0 or C1, E0 followed by
+// 80–9F, or F0 followed by 80–8F. UTF-8 has none; a lenient decoder (old
+// IIS, some Java servers) reads them as the shorter character they spell,
+// "." or "/" among them.
+func overlongUTF8(canon string) bool {
+	var prev byte
+	for i := 0; i+2 < len(canon); i++ {
+		if canon[i] != '%' {
+			prev = 0
+			continue
+		}
+		v := unhex(canon[i+1])<<4 | unhex(canon[i+2])
+		if v == 0xC0 || v == 0xC1 || prev == 0xE0 && v < 0xA0 || prev == 0xF0 && v < 0x90 {
+			return true
+		}
+		prev = v
+		i += 2
+	}
+	return false
 }
 
 func cutHTTPScheme(target string) (string, bool) {

@@ -144,6 +144,68 @@ func reachedUpstream(t *testing.T, up *recordingUpstream, h *harness, roots *x50
 	return strings.Contains(up.all(), method+" "+target+" HTTP/1.1\r\n"), status
 }
 
+// TestDenyPathAnyCaseAndEscapes: a deny rule's path is compared in any case
+// (IIS and Express serve /admin and /ADMIN alike), whatever case it is
+// written in, and in the canonical form requests are decided in (a
+// "%7E" in the rule stands for "~").
+func TestDenyPathAnyCaseAndEscapes(t *testing.T) {
+	up, h, roots := recordingHarness(t, allowDenyPolicy(
+		[]string{"api.allowed.test:%d"},
+		[]string{"api.allowed.test:%d/Admin/*", "api.allowed.test:%d/%%7Euser/*"}))
+	if ok, st := reachedUpstream(t, up, h, roots, "GET", "/Admin/x", ""); ok {
+		t.Fatalf("control: /Admin/x reached the upstream (%s)", st)
+	}
+	for _, target := range []string{"/admin/x", "/ADMIN/x", "/~user/secret", "/%7Euser/secret"} {
+		if ok, st := reachedUpstream(t, up, h, roots, "GET", target, ""); ok {
+			t.Errorf("GET %s reached the upstream past a deny rule (%s); a case-insensitive server serves it as the denied path", target, st)
+		}
+	}
+}
+
+// TestDenyExactPathOtherSpellings: a deny rule for an exact path also
+// denies the spellings upstreams route to the same handler: a trailing
+// slash (Express, Rails, Spring 5), a format suffix (Rails), a trailing dot
+// and an NTFS stream (IIS).
+func TestDenyExactPathOtherSpellings(t *testing.T) {
+	up, h, roots := recordingHarness(t, allowDenyPolicy(
+		[]string{"api.allowed.test:%d"},
+		[]string{"api.allowed.test:%d/v1/admin"}))
+	if ok, st := reachedUpstream(t, up, h, roots, "GET", "/v1/admin", ""); ok {
+		t.Fatalf("control: /v1/admin reached the upstream (%s)", st)
+	}
+	for _, target := range []string{"/v1/admin/", "/v1/admin.json", "/v1/admin.", "/v1/admin::$DATA"} {
+		if ok, st := reachedUpstream(t, up, h, roots, "GET", target, ""); ok {
+			t.Errorf("GET %s reached the upstream past deny \"/v1/admin\" (%s)", target, st)
+		}
+	}
+}
+
+// TestDenyGetDeniesHead: a deny rule for GET denies HEAD, which Go's
+// ServeMux, Express, Rails, Flask and Django serve with the GET handler.
+func TestDenyGetDeniesHead(t *testing.T) {
+	up, h, roots := recordingHarness(t, allowDenyPolicy(
+		[]string{"api.allowed.test:%d"},
+		[]string{"GET api.allowed.test:%d/v1/trigger/*"}))
+	if ok, st := reachedUpstream(t, up, h, roots, "GET", "/v1/trigger/x", ""); ok {
+		t.Fatalf("control: GET reached the upstream (%s)", st)
+	}
+	if ok, st := reachedUpstream(t, up, h, roots, "HEAD", "/v1/trigger/x", ""); ok {
+		t.Errorf("HEAD /v1/trigger/x reached the upstream past deny GET (%s)", st)
+	}
+}
+
+// TestOverlongUTF8Refused: overlong UTF-8 forms of "." and "/" (%C0%AE,
+// %C0%AF, %E0%80%AE), which lenient decoders read as /v1/../admin, are
+// refused as %2E and %2F are.
+func TestOverlongUTF8Refused(t *testing.T) {
+	up, h, roots := recordingHarness(t, allowDenyPolicy([]string{"GET api.allowed.test:%d/v1/*"}, nil))
+	for _, target := range []string{"/v1/%C0%AE%C0%AE%C0%AFadmin", "/v1/%E0%80%AE%E0%80%AE/admin"} {
+		if ok, st := reachedUpstream(t, up, h, roots, "GET", target, ""); ok {
+			t.Errorf("GET %s reached the upstream (%s); an overlong '.'/'/' should be refused as %%2E/%%2F are", target, st)
+		}
+	}
+}
+
 // TestHeldOverrideIsAskedAsItsMethod: a request whose method override is
 // what no rule decides (GET allowed, the DELETE it names unknown; in a
 // header, or in the query as Laravel and Symfony read "_method") is held
