@@ -211,6 +211,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if u := r.Header.Get("Upgrade"); u != "" && !strings.EqualFold(u, "websocket") {
 		stripUpgrade(r.Header)
 	}
+	dropPathOverrides(r.Header)
 	d := h.decide(rec.Source, r.Method, target)
 	// Servers that honour a method override act on it: it is decided too,
 	// and the stricter answer stands. Every value is: servers differ on

@@ -28,6 +28,23 @@ import (
 // them).
 var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
+// pathOverrides are the headers with which front proxies tell servers to
+// route a request to another path than its own (IIS URL Rewrite, Symfony
+// before 3.4.14, Zend/Laminas read X-Original-URL and X-Rewrite-URL). No
+// client has a use for them, and the path decided is the request's own:
+// they are dropped, in every spelling (case, "_" for "-").
+var pathOverrides = []string{"X-Original-Url", "X-Original-Uri", "X-Rewrite-Url", "X-Forwarded-Uri", "X-Forwarded-Path", "X-Forwarded-Prefix"}
+
+// dropPathOverrides removes a request's path-override headers.
+func dropPathOverrides(h http.Header) {
+	for k := range h {
+		name := strings.ReplaceAll(k, "_", "-")
+		if slices.ContainsFunc(pathOverrides, func(o string) bool { return strings.EqualFold(o, name) }) {
+			delete(h, k)
+		}
+	}
+}
+
 const (
 	// maxOverride is the longest override value taken: no method is
 	// longer, and a longer one is refused rather than cut.
@@ -204,10 +221,11 @@ func (w *methodWatch) push(win uint64, c byte) uint64 {
 }
 
 // isOverrideName reports whether some server would take a parameter,
-// form field or JSON key of this (decoded) name for "_method", in any
-// case: PHP cuts a name at a NUL, drops its leading spaces, reads
-// "_method[...]" as "_method" and " " and "." as "_"; Rack 2 and qs drop
-// brackets around a name ("[_method]", "_method]").
+// form field or JSON key of this (decoded) name for "_method" (or
+// Salesforce's "_HttpMethod"), in any case: PHP cuts a name at a NUL,
+// drops its leading spaces, reads "_method[...]" as "_method" and " " and
+// "." as "_"; Rack 2 and qs drop brackets around a name ("[_method]",
+// "_method]").
 func isOverrideName(name string) bool {
 	if i := strings.IndexByte(name, 0); i >= 0 {
 		name = name[:i]
@@ -216,7 +234,11 @@ func isOverrideName(name string) bool {
 	if i := strings.IndexAny(name, "[]"); i >= 0 {
 		name = name[:i]
 	}
-	return len(name) == len("_method") && strings.EqualFold(strings.NewReplacer(" ", "_", ".", "_").Replace(name), "_method")
+	if len(name) != len("_method") && len(name) != len("_httpmethod") {
+		return false
+	}
+	name = strings.NewReplacer(" ", "_", ".", "_").Replace(name)
+	return strings.EqualFold(name, "_method") || strings.EqualFold(name, "_httpmethod")
 }
 
 // formScan reads an application/x-www-form-urlencoded stream (a query, or

@@ -28,6 +28,9 @@ func TestQueryOverrides(t *testing.T) {
 		{"%5Fmethod=DELETE", []string{"DELETE"}},
 		{"%5fm%65thod=%44ELETE", []string{"DELETE"}},
 		{"_METHOD=DELETE", []string{"DELETE"}},
+		{"_HttpMethod=DELETE", []string{"DELETE"}},
+		{"_httpmethod=patch&a=1", []string{"PATCH"}},
+		{"x_HttpMethod=DELETE&_HttpMethods=DELETE", nil},
 		{".method=DELETE", []string{"DELETE"}},       // PHP: "." is "_"
 		{"+method=DELETE", nil},                      // PHP drops leading spaces: "method"
 		{"+_method=DELETE", []string{"DELETE"}},      // PHP drops leading spaces
@@ -176,6 +179,7 @@ func TestJSONScan(t *testing.T) {
 		{`{"x":{"_method":"DELETE"}}`, nil},
 		{`["_method","DELETE"]`, nil},
 		{`{"payment_method":"DELETE"}`, nil},
+		{`{"_HttpMethod":"DELETE"}`, []string{"DELETE"}},
 		{`not json _method=DELETE`, nil},
 	} {
 		for _, n := range []int{1, 3, 1 << 20} {

@@ -194,6 +194,22 @@ func TestDenyGetDeniesHead(t *testing.T) {
 	}
 }
 
+// TestPathOverrideHeadersDropped: headers that make a server route to
+// another path than the request's (X-Original-URL, X-Rewrite-URL: IIS URL
+// Rewrite, Symfony before 3.4.14, Zend/Laminas) never reach the upstream,
+// in any spelling.
+func TestPathOverrideHeadersDropped(t *testing.T) {
+	up, h, roots := recordingHarness(t, allowDenyPolicy([]string{"GET api.allowed.test:%d/v1/*"}, nil))
+	ok, st := reachedUpstream(t, up, h, roots, "GET", "/v1/x", "X-Original-URL: /admin/delete-all\r\nX-Rewrite-URL: /admin/delete-all\r\n"+
+		"x_original_url: /admin/delete-all\r\nX-ORIGINAL-URI: /admin/delete-all\r\nX-Forwarded-Prefix: /admin\r\n")
+	if !ok {
+		t.Fatalf("GET /v1/x did not reach the upstream (%s)", st)
+	}
+	if all := up.all(); strings.Contains(strings.ToLower(all), "/admin") {
+		t.Errorf("GET /v1/x went upstream with a path override:\n%s", all)
+	}
+}
+
 // TestOverlongUTF8Refused: overlong UTF-8 forms of "." and "/" (%C0%AE,
 // %C0%AF, %E0%80%AE), which lenient decoders read as /v1/../admin, are
 // refused as %2E and %2F are.
@@ -203,6 +219,15 @@ func TestOverlongUTF8Refused(t *testing.T) {
 		if ok, st := reachedUpstream(t, up, h, roots, "GET", target, ""); ok {
 			t.Errorf("GET %s reached the upstream (%s); an overlong '.'/'/' should be refused as %%2E/%%2F are", target, st)
 		}
+	}
+}
+
+// TestSalesforceHTTPMethodQueryDecided: Salesforce's REST API acts on
+// "?_HttpMethod=DELETE" on a POST; it is decided as _method is.
+func TestSalesforceHTTPMethodQueryDecided(t *testing.T) {
+	up, h, roots := recordingHarness(t, allowDenyPolicy([]string{"POST api.allowed.test:%d/v1/*"}, nil))
+	if ok, st := reachedUpstream(t, up, h, roots, "POST", "/v1/sobjects/Account/1?_HttpMethod=DELETE", "Content-Length: 0\r\n"); ok {
+		t.Errorf("POST ?_HttpMethod=DELETE reached the upstream (%s); no rule allows DELETE", st)
 	}
 }
 
