@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"math"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -64,30 +63,13 @@ func (e *FileError) Error() string {
 
 func (e *FileError) Unwrap() error { return e.Err }
 
-// LoadSpec reads the policy file at path. See ParseSpec.
+// LoadSpec reads the policy file at path (see ReadFile). See ParseSpec.
 func LoadSpec(path string) (*Spec, error) {
-	data, err := readPolicyFile(path)
+	data, _, err := ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	return ParseSpec(path, data)
-}
-
-// readPolicyFile reads at most MaxFileSize bytes of the file at path.
-func readPolicyFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("read policy file: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read policy file: %w", err)
-	}
-	if len(data) > MaxFileSize {
-		return nil, tooBig(path)
-	}
-	return data, nil
 }
 
 func tooBig(path string) error {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,6 +243,95 @@ func TestParseSpecTooBig(t *testing.T) {
 	}
 	if _, err := LoadSpec(path); err == nil || !strings.Contains(err.Error(), "file is larger than") {
 		t.Errorf("LoadSpec(%d bytes) error = %v, want too large", len(data), err)
+	}
+}
+
+// TestReadFileRefusesWhatIsNotARegularFile: a member that can write its
+// project may make the policy file a named pipe (an open that waits for a
+// writer forever), a link to a device (/dev/zero: endless bytes) or a
+// directory. Loading, polling and editing refuse each at once with an error
+// that says what it is, and the sandbox keeps its last good policy.
+func TestReadFileRefusesWhatIsNotARegularFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	zero := filepath.Join(dir, "zero.yaml")
+	if err := os.Symlink("/dev/zero", zero); err != nil {
+		t.Fatal(err)
+	}
+	sub := filepath.Join(dir, "dir.yaml")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, kind string }{{fifo, "a named pipe"}, {zero, "a device"}, {sub, "a directory"}} {
+		t.Run(tc.kind, func(t *testing.T) {
+			done := make(chan error, 1)
+			go func() { _, _, err := ReadFile(tc.path); done <- err }()
+			select {
+			case err := <-done:
+				if !errors.Is(err, ErrNotRegular) || !strings.Contains(err.Error(), tc.kind) {
+					t.Errorf("ReadFile error = %v, want ErrNotRegular naming %s", err, tc.kind)
+				}
+			case <-time.After(2 * time.Second):
+				if f, err := os.OpenFile(tc.path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+					f.Close()
+				}
+				t.Fatal("ReadFile blocked")
+			}
+			if _, err := LoadSpec(tc.path); !errors.Is(err, ErrNotRegular) {
+				t.Errorf("LoadSpec error = %v, want ErrNotRegular", err)
+			}
+			if err := AddRule(tc.path, newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false)); !errors.Is(err, ErrNotRegular) {
+				t.Errorf("AddRule error = %v, want ErrNotRegular", err)
+			}
+		})
+	}
+
+	// A sandbox whose file turns into one keeps its policy.
+	path := filepath.Join(dir, "app.yaml")
+	if err := os.WriteFile(path, []byte("sandbox:\n  unknown_action: ask\n  network_denylist:\n    - pattern: pastebin.com\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenSandbox(SandboxConfig{Name: "myapp", Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReloadRestricting(); !errors.Is(err, ErrNotRegular) {
+		t.Errorf("ReloadRestricting error = %v, want ErrNotRegular", err)
+	}
+	if err := s.Reload(); !errors.Is(err, ErrNotRegular) {
+		t.Errorf("Reload error = %v, want ErrNotRegular", err)
+	}
+	if len(s.Spec().Deny) != 1 {
+		t.Errorf("the sandbox lost its last good policy: deny rules %v", s.Spec().Deny)
+	}
+}
+
+// TestReadFileHugeSparseFile: a policy file made sparse and huge (truncate
+// -s 100G) is refused as too big without reading it.
+func TestReadFileHugeSparseFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.yaml")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	_, info, err := ReadFile(path)
+	var fe *FileError
+	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "file is larger than") {
+		t.Errorf("ReadFile error = %v, want too large", err)
+	}
+	if info == nil || info.Size() != 1<<40 {
+		t.Errorf("ReadFile info = %v, want the file's (size 1 TiB)", info)
 	}
 }
 

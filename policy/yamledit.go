@@ -252,15 +252,12 @@ func editFile(path string, hooks writeHooks, edit func(t *policyText, root *yaml
 	}
 	defer unlock()
 
-	info, err := os.Stat(target)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("read policy file: %w", err)
+	data, info, err := ReadFile(target)
+	if errors.Is(err, fs.ErrNotExist) {
+		data, info, err = nil, nil, nil
 	}
-	var data []byte
-	if info != nil {
-		if data, err = readPolicyFile(target); err != nil {
-			return err
-		}
+	if err != nil {
+		return err
 	}
 	old, root, err := parseSpec(path, data)
 	if err != nil {

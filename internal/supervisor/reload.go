@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -254,7 +253,9 @@ func restartKeys(run, next *config.Config) []string {
 }
 
 // fingerprint identifies a policy file's content: a change of size,
-// modification time or bytes changes it. A missing file has its own.
+// modification time or bytes changes it. A missing file has its own, and
+// so does a file that cannot be read (its error), which still changes with
+// the file's size and modification time.
 type fingerprint struct {
 	size  int64
 	mtime time.Time
@@ -262,18 +263,25 @@ type fingerprint struct {
 	state string // "missing", "error: …", or "" for a file read
 }
 
+// fingerprintOf reads the policy file as the loader does (policy.ReadFile:
+// a sandbox member may control it, so nothing that is not a regular file,
+// never blocking, never more than policy.MaxFileSize+1 bytes); the poll
+// then hands a changed file to the loader, which refuses a bad one and
+// keeps the last good policy.
 func fingerprintOf(path string) fingerprint {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	b, info, err := policy.ReadFile(path)
+	var fp fingerprint
+	if info != nil {
+		fp.size, fp.mtime = info.Size(), info.ModTime()
+	}
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return fingerprint{state: "missing"}
+	case err != nil:
+		fp.state = "error: " + err.Error()
+		return fp
 	}
-	if err != nil {
-		return fingerprint{state: "error: " + err.Error()}
-	}
-	fp := fingerprint{size: int64(len(b)), sum: sha256.Sum256(b)}
-	if fi, err := os.Stat(path); err == nil {
-		fp.mtime = fi.ModTime()
-	}
+	fp.sum = sha256.Sum256(b)
 	return fp
 }
 

@@ -2,8 +2,14 @@ package supervisor
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
+	"runtime"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/airlockhq/airlock/internal/config"
 	"github.com/airlockhq/airlock/policy"
@@ -72,5 +78,62 @@ func TestPlan(t *testing.T) {
 				t.Errorf("plan = %+v\nwant   %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestFingerprintOfNamedPipe: a member that can write its project's policy
+// file (a container with the project mounted) replaces it with a named
+// pipe. The poll must not wait for a writer: WatchPolicies checks the
+// sandboxes one after another, so one blocked read would stop every
+// sandbox's edits from being applied.
+func TestFingerprintOfNamedPipe(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.yaml")
+	if err := syscall.Mkfifo(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan fingerprint, 1)
+	go func() { done <- fingerprintOf(path) }()
+	select {
+	case fp := <-done:
+		if !strings.Contains(fp.state, "not a regular file") {
+			t.Errorf("fingerprint state %q, want an error that says it is not a regular file", fp.state)
+		}
+	case <-time.After(2 * time.Second):
+		// Let the blocked open return, so the test ends.
+		if f, err := os.OpenFile(path, os.O_WRONLY, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("fingerprintOf blocked on a named pipe")
+	}
+}
+
+// TestFingerprintOfHugeFile: a member makes its policy file a sparse file
+// far over policy.MaxFileSize (truncate -s 100G app.yaml). The poll reads
+// no more than the loader would, and the fingerprint still follows the
+// file's size, so the next change is seen.
+func TestFingerprintOfHugeFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.yaml")
+	const size = 256 << 20
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	fp := fingerprintOf(path)
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 2*policy.MaxFileSize {
+		t.Errorf("fingerprintOf allocated %d MiB for a sparse %d MiB file; policy files are capped at %d MiB", alloc>>20, size>>20, policy.MaxFileSize>>20)
+	}
+	if !strings.Contains(fp.state, "larger than") || fp.size != size {
+		t.Errorf("fingerprint state %q size %d, want the too-big error and size %d", fp.state, fp.size, size)
+	}
+	if err := os.Truncate(path, size+1); err != nil {
+		t.Fatal(err)
+	}
+	if fingerprintOf(path) == fp {
+		t.Errorf("the fingerprint of a too-big file did not change with its size")
 	}
 }
