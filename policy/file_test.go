@@ -283,8 +283,8 @@ func TestReadFileRefusesWhatIsNotARegularFile(t *testing.T) {
 			if _, err := LoadSpec(tc.path); !errors.Is(err, ErrNotRegular) {
 				t.Errorf("LoadSpec error = %v, want ErrNotRegular", err)
 			}
-			if err := AddRule(tc.path, newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false)); !errors.Is(err, ErrNotRegular) {
-				t.Errorf("AddRule error = %v, want ErrNotRegular", err)
+			if err := AddRule(tc.path, newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false)); !errors.Is(err, ErrNotRegular) && !errors.Is(err, ErrSymlink) {
+				t.Errorf("AddRule error = %v, want ErrNotRegular (ErrSymlink for the link)", err)
 			}
 		})
 	}
@@ -693,28 +693,16 @@ func TestAddRuleCreatesFile(t *testing.T) {
 	}
 }
 
-func TestAddRuleKeepsModeAndSymlink(t *testing.T) {
-	dir := t.TempDir()
+func TestAddRuleKeepsMode(t *testing.T) {
 	path, orig := copyFixture(t, "app.yaml")
 	if err := os.Chmod(path, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	link := filepath.Join(dir, "link.yaml")
-	if err := os.Symlink(path, link); err != nil {
-		t.Fatal(err)
-	}
 	r := newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false)
-	if err := AddRule(link, r); err != nil {
+	if err := AddRule(path, r); err != nil {
 		t.Fatal(err)
 	}
-	fi, err := os.Lstat(link)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode()&fs.ModeSymlink == 0 {
-		t.Errorf("AddRule replaced the symlink %s with a file", link)
-	}
-	fi, err = os.Stat(path)
+	fi, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -722,7 +710,90 @@ func TestAddRuleKeepsModeAndSymlink(t *testing.T) {
 		t.Errorf("file mode = %v, want 0600 as before", fi.Mode().Perm())
 	}
 	if got := readText(t, path); got == string(orig) {
-		t.Errorf("the symlink's target was not edited")
+		t.Errorf("the file was not edited")
+	}
+}
+
+// TestEditRefusesSymlink: a member that can write the project (a Docker
+// container with it mounted) replaces the policy file with a symbolic link
+// to a file outside: another sandbox's policy file, any YAML of the host.
+// The next rule a person saves must not be written there by airlockd (as
+// root), nor that file's content copied into the project: the save fails,
+// saying why, and changes nothing. Reading through the link still works.
+func TestEditRefusesSymlink(t *testing.T) {
+	project, outside := t.TempDir(), t.TempDir()
+	path := filepath.Join(project, "app.yaml")
+	if err := os.WriteFile(path, []byte("sandbox:\n  unknown_action: ask\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenSandbox(SandboxConfig{Name: "myapp", Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(outside, "other-sandbox.yaml")
+	const other = "sandbox:\n  unknown_action: ask\n  network_denylist:\n    - pattern: pastebin.com\n"
+	if err := os.WriteFile(target, []byte(other), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrSymlink) || !strings.Contains(err.Error(), target) {
+			t.Errorf("%s: error = %v, want ErrSymlink naming the link's target", what, err)
+		}
+		if b, _ := os.ReadFile(target); string(b) != other {
+			t.Errorf("%s wrote the link's target:\n%s", what, b)
+		}
+		if fi, err := os.Lstat(path); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			t.Errorf("%s replaced the link (%v, %v)", what, fi, err)
+		}
+	}
+	_, err = s.Add(AddRequest{Pattern: "pypi.org", List: Allowlist, Persist: true})
+	check("Add", err)
+	action := ActionDeny
+	_, err = s.SetSettings(Settings{UnknownAction: &action})
+	check("SetSettings", err)
+	// Reading follows it: a person's reload puts the target in force.
+	if err := s.Reload(); err != nil || len(s.Spec().Deny) != 1 {
+		t.Errorf("Reload through the link: %v, deny rules %v", err, s.Spec().Deny)
+	}
+
+	// A dangling link is refused too, rather than replaced.
+	if err := os.Remove(target); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Add(AddRequest{Pattern: "pypi.org", List: Allowlist, Persist: true})
+	if !errors.Is(err, ErrSymlink) {
+		t.Errorf("Add through a dangling link: error = %v, want ErrSymlink", err)
+	}
+	if _, err := os.Stat(target); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Add through a dangling link created its target (%v)", err)
+	}
+}
+
+// TestEditRefusesSymlinkedLock: the lock file beside the policy file is in
+// the project too; a member that makes it a link must not have airlockd
+// create or open the file it names.
+func TestEditRefusesSymlinkedLock(t *testing.T) {
+	path, orig := copyFixture(t, "app.yaml")
+	target := filepath.Join(t.TempDir(), "nologin")
+	if err := os.Symlink(target, path+".lock"); err != nil {
+		t.Fatal(err)
+	}
+	err := AddRule(path, newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false))
+	if err == nil {
+		t.Errorf("AddRule with a linked lock file succeeded")
+	}
+	if _, err := os.Lstat(target); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the lock file's link target was created (%v)", err)
+	}
+	if got := readText(t, path); got != string(orig) {
+		t.Errorf("the policy file changed")
 	}
 }
 

@@ -19,7 +19,10 @@ import (
 // one process that each call lockFile exclude each other just as two
 // processes do; no in-process mutex is needed.
 func lockFile(path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	// Never through a link: the lock sits in the project, which a sandbox
+	// member may write, and airlockd, as root, would create or open the
+	// file the link names.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock policy file: %w", err)
 	}

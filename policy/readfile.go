@@ -12,6 +12,12 @@ import (
 // not a regular file (a named pipe, a device, a directory, a socket).
 var ErrNotRegular = errors.New("not a regular file")
 
+// ErrSymlink is wrapped by the error of an edit of a policy file whose path
+// is a symbolic link: airlock reads through one but never writes through
+// one, since a sandbox member that can write the project could point it at
+// any file of the host.
+var ErrSymlink = errors.New("airlock does not write through a symbolic link")
+
 // ReadFile reads the policy file at path as airlockd must: it runs as root
 // while a sandbox member may control the file (a container with the
 // project mounted). So it never blocks on opening the file, never opens
@@ -25,7 +31,13 @@ var ErrNotRegular = errors.New("not a regular file")
 // that is not a regular file one that wraps ErrNotRegular; a file over
 // MaxFileSize is a *FileError.
 func ReadFile(path string) (data []byte, info fs.FileInfo, err error) {
-	f, info, err := openRegular(path)
+	return readPolicyFile(path, true)
+}
+
+// readPolicyFile is ReadFile; with follow false, a path that is a symbolic link
+// is an error that wraps ErrSymlink.
+func readPolicyFile(path string, follow bool) (data []byte, info fs.FileInfo, err error) {
+	f, info, err := openRegular(path, follow)
 	if err != nil {
 		return nil, info, fmt.Errorf("read policy file: %w", err)
 	}
@@ -46,6 +58,9 @@ func ReadFile(path string) (data []byte, info fs.FileInfo, err error) {
 }
 
 func notRegular(path string, mode fs.FileMode) error {
+	if mode&fs.ModeSymlink != 0 {
+		return &fs.PathError{Op: "open", Path: path, Err: ErrSymlink}
+	}
 	return &fs.PathError{Op: "open", Path: path, Err: fmt.Errorf("%w (%s)", ErrNotRegular, typeName(mode))}
 }
 

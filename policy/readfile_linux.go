@@ -12,9 +12,14 @@ import (
 // path is first opened with O_PATH, which opens nothing (no device driver,
 // no pipe peer to wait for), and checked through that descriptor; the file
 // is then reopened through /proc/self/fd, so what is read is the very file
-// checked, however the path changes meanwhile.
-func openRegular(path string) (*os.File, fs.FileInfo, error) {
-	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+// checked, however the path changes meanwhile. With follow false, a path
+// that is a symbolic link opens the link itself, which is refused.
+func openRegular(path string, follow bool) (*os.File, fs.FileInfo, error) {
+	flags := unix.O_PATH | unix.O_CLOEXEC
+	if !follow {
+		flags |= unix.O_NOFOLLOW
+	}
+	fd, err := unix.Open(path, flags, 0)
 	if err != nil {
 		return nil, nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}

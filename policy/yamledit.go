@@ -239,22 +239,27 @@ type writeHooks struct {
 // editFile locks the policy file at path, reads and parses it fresh, and
 // writes what edit returns in its place; edit returns nil to leave it
 // alone. A missing file reads as empty.
+//
+// A path that is a symbolic link is refused (ErrSymlink), and changes
+// nothing: airlockd writes as root, and a sandbox member that can write
+// the project could point the link at another sandbox's policy file or any
+// file of the host, to have a person's next saved rule written there, or
+// that file's content copied into the project. Reads follow links (see
+// ReadFile); only edits refuse them.
 func editFile(path string, hooks writeHooks, edit func(t *policyText, root *yaml.Node, old *Spec) ([]byte, error)) error {
-	// Edit the file a symlink points to, and lock beside it, so two names
-	// for one file share one lock.
-	target := path
-	if p, err := filepath.EvalSymlinks(path); err == nil {
-		target = p
-	}
-	unlock, err := lockFile(target + ".lock")
+	unlock, err := lockFile(path + ".lock")
 	if err != nil {
 		return err
 	}
 	defer unlock()
 
-	data, info, err := ReadFile(target)
+	data, info, err := readPolicyFile(path, false)
 	if errors.Is(err, fs.ErrNotExist) {
 		data, info, err = nil, nil, nil
+	}
+	if errors.Is(err, ErrSymlink) {
+		to, _ := os.Readlink(path)
+		return fmt.Errorf("%s is a symbolic link to %s: %w; name the file itself in the config (or replace the link with the file) to save rules and settings to it", path, to, ErrSymlink)
 	}
 	if err != nil {
 		return err
@@ -272,7 +277,7 @@ func editFile(path string, hooks writeHooks, edit func(t *policyText, root *yaml
 	if err != nil || out == nil {
 		return err
 	}
-	return writeAtomic(target, out, info, hooks)
+	return writeAtomic(path, out, info, hooks)
 }
 
 // writeAtomic replaces the file at path with data: a temporary file in the
