@@ -298,14 +298,36 @@ type AddRequest struct {
 	Source string
 }
 
+// Check says whether Add refuses req for what it asks: its list, its
+// pattern (ErrBroad for a broad allow pattern without Force) or its member,
+// by the rules the policy file holds entries to. A caller that adds several
+// rules checks them all first, so that a bad one adds none.
+func (req AddRequest) Check() error {
+	_, err := req.parse()
+	return err
+}
+
+func (req AddRequest) parse() (Pattern, error) {
+	if req.List != Allowlist && req.List != Denylist {
+		return Pattern{}, fmt.Errorf("add rule: unknown list %v", req.List)
+	}
+	p, err := Parse(req.Pattern, ParseOptions{Force: req.Force || req.List == Denylist})
+	if err != nil {
+		return Pattern{}, err
+	}
+	if req.Member != "" {
+		if err := checkMember(req.Member); err != nil {
+			return Pattern{}, err
+		}
+	}
+	return p, nil
+}
+
 // Add adds a rule and returns it. Adding a rule that is already there (same
 // list, pattern and member) returns the existing rule and changes nothing. A
 // persisted rule is on disk when Add returns.
 func (s *Sandbox) Add(req AddRequest) (*Rule, error) {
-	if req.List != Allowlist && req.List != Denylist {
-		return nil, fmt.Errorf("add rule: unknown list %v", req.List)
-	}
-	p, err := Parse(req.Pattern, ParseOptions{Force: req.Force || req.List == Denylist})
+	p, err := req.parse()
 	if err != nil {
 		return nil, err
 	}

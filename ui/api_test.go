@@ -257,6 +257,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"bad limit", "GET", "/api/v1/sandboxes/myapp/requests?limit=-1", "", 400, "limit"},
 		{"bad since", "GET", "/api/v1/sandboxes/myapp/requests?since=yesterday", "", 400, "since"},
 		{"control chars", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "a.test", "member": "x\ny"}`, 400, "control"},
+		{"member with a space", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "a.test", "member": "my agent", "persist": true}`, 400, "space"},
 		{"no route", "GET", "/api/v2/anything", "", 404, "/api/v1"},
 	}
 	for _, tt := range tests {

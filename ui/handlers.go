@@ -158,19 +158,19 @@ func (s *Server) addRule(l policy.List) echo.HandlerFunc {
 		if b.Pattern == "" {
 			return fail(http.StatusBadRequest, "no pattern", `send {"pattern": "api.example.com", "persist": true}`)
 		}
-		if len(b.Member) > 64 || len(b.Source) > 200 || strings.ContainsAny(b.Member+b.Source, "\n\r\x00") {
-			return fail(http.StatusBadRequest, "member or source too long or with control characters", "")
+		if len(b.Source) > 200 || strings.ContainsAny(b.Source, "\n\r\x00") {
+			return fail(http.StatusBadRequest, "source too long or with control characters", "")
 		}
 		if b.Source == "" {
 			b.Source = "added through the API"
 		}
+		req := policy.AddRequest{Pattern: b.Pattern, List: l, Persist: b.Persist, Force: b.Force, Member: b.Member, Source: b.Source}
+		if err := badRule(req.Check(), "", "nothing changed"); err != nil {
+			return err
+		}
 		sb := sandboxOf(c)
-		r, err := sb.Policy().Add(policy.AddRequest{Pattern: b.Pattern, List: l, Persist: b.Persist, Force: b.Force, Member: b.Member, Source: b.Source})
+		r, err := sb.Policy().Add(req)
 		switch {
-		case errors.Is(err, policy.ErrBroad):
-			return fail(http.StatusBadRequest, err.Error(), `send "force": true to accept a broad pattern on purpose`)
-		case err != nil && strings.HasPrefix(err.Error(), "pattern "):
-			return fail(http.StatusBadRequest, err.Error(), "see the pattern language in docs/policy.md")
 		case isHeldEdit(err):
 			return failHeldEdit(err)
 		case err != nil:
@@ -426,6 +426,19 @@ func (s *Server) events(c echo.Context) error {
 
 // isHeldEdit reports whether err refused an edit of a policy file that
 // holds edits widening access that are not in force (policy.WidensError).
+// badRule is the 400 for a rule policy.AddRequest.Check refuses (nil for
+// nil), its message prefixed with where, its hint ending with then.
+func badRule(err error, where, then string) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, policy.ErrBroad):
+		return fail(http.StatusBadRequest, where+err.Error(), `send "force": true with it to accept a broad pattern on purpose; `+then)
+	default:
+		return fail(http.StatusBadRequest, where+err.Error(), "see the pattern language and members in docs/policy.md; "+then)
+	}
+}
+
 func isHeldEdit(err error) bool {
 	var we *policy.WidensError
 	return errors.As(err, &we)

@@ -203,6 +203,15 @@ func TestProposalThroughTheAPI(t *testing.T) {
 	if after, _ := os.ReadFile(h.policy); string(after) != string(before) {
 		t.Errorf("a refused save changed the file:\n%s", after)
 	}
+	// So does a member the policy file takes no entry with (a source
+	// recorded as "my agent"), after a good rule: checked before the first
+	// is written, not found by the write of the second.
+	if code, body := h.do(t, "POST", "/api/v1/sandboxes/myapp/proposal", `{"rules": [{"pattern": "first.test"}, {"pattern": "second.test", "member": "my agent"}]}`); code != 400 || !strings.Contains(body, "rules[1]") || !strings.Contains(body, "space") {
+		t.Errorf("member with a space: %d %s", code, body)
+	}
+	if after, _ := os.ReadFile(h.policy); string(after) != string(before) {
+		t.Errorf("a refused save changed the file:\n%s", after)
+	}
 	code, body = h.do(t, "POST", "/api/v1/sandboxes/myapp/proposal", `{"rules": [{"pattern": "*.cdn.test", "member": "agent"}, {"pattern": "api.test/v1/*"}]}`)
 	if code != 201 {
 		t.Fatalf("save: %d %s", code, body)

@@ -1,7 +1,6 @@
 package ui
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -103,22 +102,19 @@ func (s *Server) saveProposal(c echo.Context) error {
 	if len(b.Rules) == 0 || len(b.Rules) > 1000 {
 		return fail(http.StatusBadRequest, "want 1 to 1000 rules", example)
 	}
+	source := "learned " + time.Now().UTC().Format("2006-01-02")
+	reqs := make([]policy.AddRequest, len(b.Rules))
 	for i, r := range b.Rules {
-		_, err := policy.Parse(r.Pattern, policy.ParseOptions{Force: r.Force})
-		switch {
-		case errors.Is(err, policy.ErrBroad):
-			return fail(http.StatusBadRequest, fmt.Sprintf("rules[%d]: %v", i, err), `send "force": true with it to accept a broad pattern on purpose; nothing was saved`)
-		case err != nil:
-			return fail(http.StatusBadRequest, fmt.Sprintf("rules[%d]: %v", i, err), "see the pattern language in docs/policy.md; nothing was saved")
-		case len(r.Member) > 64 || strings.ContainsAny(r.Member, "\n\r\x00"):
-			return fail(http.StatusBadRequest, fmt.Sprintf("rules[%d]: member too long or with control characters", i), "nothing was saved")
+		reqs[i] = policy.AddRequest{Pattern: r.Pattern, List: policy.Allowlist, Persist: true, Force: r.Force, Member: r.Member, Source: source}
+		// The file's own checks, every rule before the first is written.
+		if err := badRule(reqs[i].Check(), fmt.Sprintf("rules[%d]: ", i), "nothing was saved"); err != nil {
+			return err
 		}
 	}
 	sb := sandboxOf(c)
-	source := "learned " + time.Now().UTC().Format("2006-01-02")
 	added := []RuleView{}
-	for _, r := range b.Rules {
-		rule, err := sb.Policy().Add(policy.AddRequest{Pattern: r.Pattern, List: policy.Allowlist, Persist: true, Force: r.Force, Member: r.Member, Source: source})
+	for _, req := range reqs {
+		rule, err := sb.Policy().Add(req)
 		switch {
 		case isHeldEdit(err):
 			return failHeldEdit(err)
