@@ -797,6 +797,48 @@ func TestEditRefusesSymlinkedLock(t *testing.T) {
 	}
 }
 
+// TestEditLockHeldElsewhere: a lock file held by another process (a
+// sandbox member can write the project) fails the edit after lockWait,
+// saying so, and changes nothing; a lock file that is not a regular file
+// (a pipe) is refused at once.
+func TestEditLockHeldElsewhere(t *testing.T) {
+	defer func(w time.Duration) { lockWait = w }(lockWait)
+	lockWait = 100 * time.Millisecond
+	path, orig := copyFixture(t, "app.yaml")
+	f, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	err = AddRule(path, newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false))
+	if err == nil || !strings.Contains(err.Error(), "another process has held") {
+		t.Errorf("AddRule with the lock held elsewhere: %v, want an error that says so", err)
+	}
+	if got := readText(t, path); got != string(orig) {
+		t.Errorf("the policy file changed")
+	}
+	// Released: the edit goes through.
+	f.Close()
+	if err := AddRule(path, newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false)); err != nil {
+		t.Errorf("AddRule after the lock was released: %v", err)
+	}
+
+	path2, orig2 := copyFixture(t, "app.yaml")
+	if err := syscall.Mkfifo(path2+".lock", 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = AddRule(path2, newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false))
+	if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("AddRule with a pipe for a lock file: %v, want it refused", err)
+	}
+	if got := readText(t, path2); got != string(orig2) {
+		t.Errorf("the policy file changed")
+	}
+}
+
 func TestAddRuleExisting(t *testing.T) {
 	tests := []struct {
 		name string
