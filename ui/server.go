@@ -370,7 +370,7 @@ func (s *Server) bodyLimit(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
 		limit := int64(MaxBody)
-		if strings.HasPrefix(r.URL.Path, "/mcp") || strings.Contains(r.URL.Path, "/sessions") && strings.HasPrefix(r.URL.Path, "/api/v1/sandboxes/") {
+		if carriesUploads(r.URL.Path) {
 			limit = MaxSessionBody
 		}
 		if r.ContentLength > limit {
@@ -379,6 +379,20 @@ func (s *Server) bodyLimit(next echo.HandlerFunc) echo.HandlerFunc {
 		r.Body = http.MaxBytesReader(c.Response(), r.Body, limit)
 		return next(c)
 	}
+}
+
+// carriesUploads reports whether path is one of the routes that carry
+// uploads: /mcp, /mcp/NAME and /api/v1/sandboxes/NAME/sessions[/...].
+func carriesUploads(path string) bool {
+	if path == "/mcp" || strings.HasPrefix(path, "/mcp/") && !strings.Contains(path[len("/mcp/"):], "/") {
+		return true
+	}
+	rest, ok := strings.CutPrefix(path, "/api/v1/sandboxes/")
+	if !ok {
+		return false
+	}
+	_, rest, _ = strings.Cut(rest, "/")
+	return rest == "sessions" || strings.HasPrefix(rest, "sessions/")
 }
 
 const (
