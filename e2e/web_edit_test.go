@@ -305,7 +305,7 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 		click(`.tabs button[data-tab="rules"]`),
 		onScreen(`button[aria-label="edit edit-me.test"]`),
 		click(`button[aria-label="edit edit-me.test"]`),
-		onScreen(`input[aria-label="new pattern for edit-me.test"]`),
+		onScreen(`textarea[aria-label="new pattern for edit-me.test"]`),
 	); err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +322,7 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 	checkAccessible(t, ctx, "allowlist manager")
 	shot(t, ctx, w, "manager.png")
 	if err := chromedp.Run(ctx,
-		setValue(`input[aria-label="new pattern for edit-me.test"]`, "api.*.example.com"),
+		setValue(`textarea[aria-label="new pattern for edit-me.test"]`, "api.*.example.com"),
 		click(`button[aria-label="save pattern edit-me.test"]`),
 		chromedp.Poll(`document.querySelector("#allow-rows .row-error").textContent !== ""`, nil, chromedp.WithPollingTimeout(5*time.Second)),
 		chromedp.Text("#allow-rows .row-error", &rowErr, chromedp.ByQuery),
@@ -343,7 +343,7 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 			go chromedp.Run(ctx, page.HandleJavaScriptDialog(false))
 		}
 	})
-	if err := chromedp.Run(ctx, setValue(`input[aria-label="new pattern for edit-me.test"]`, "*.test"), click(`button[aria-label="save pattern edit-me.test"]`)); err != nil {
+	if err := chromedp.Run(ctx, setValue(`textarea[aria-label="new pattern for edit-me.test"]`, "*.test"), click(`button[aria-label="save pattern edit-me.test"]`)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -361,7 +361,7 @@ func TestWebMonitorSettingsAndEdit(t *testing.T) {
 		t.Errorf("a declined broad pattern changed the file:\n%s", got)
 	}
 	if err := chromedp.Run(ctx,
-		setValue(`input[aria-label="new pattern for edit-me.test"]`, "*.edited.test/api/*"),
+		setValue(`textarea[aria-label="new pattern for edit-me.test"]`, "*.edited.test/api/*"),
 		click(`button[aria-label="save pattern edit-me.test"]`),
 		onScreen(`button[aria-label="edit *.edited.test/api/*"]`),
 		offScreen(`button[aria-label="edit edit-me.test"]`),

@@ -39,8 +39,8 @@ func TestWebLearnProposalAndPresets(t *testing.T) {
 	var rows []string
 	if err := chromedp.Run(ctx,
 		click("#learn-review"),
-		chromedp.Poll(`document.querySelectorAll("#proposal-rows input.mono").length === 3`, nil, chromedp.WithPollingTimeout(10*time.Second)),
-		chromedp.Evaluate(`[...document.querySelectorAll("#proposal-rows tr")].map((r) => r.querySelector("input.mono").value + " | " + r.querySelector('input[type="checkbox"]').checked + " | " + r.innerText.replace(/\s+/g, " ").trim())`, &rows),
+		chromedp.Poll(`document.querySelectorAll("#proposal-rows textarea.mono").length === 3`, nil, chromedp.WithPollingTimeout(10*time.Second)),
+		chromedp.Evaluate(`[...document.querySelectorAll("#proposal-rows tr")].map((r) => r.querySelector("textarea.mono").value + " | " + r.querySelector('input[type="checkbox"]').checked + " | " + r.innerText.replace(/\s+/g, " ").trim())`, &rows),
 	); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestWebLearnProposalAndPresets(t *testing.T) {
 	var saveText, status string
 	if err := chromedp.Run(ctx,
 		click(`#proposal-rows input[aria-label="save allowed.test"]`),
-		setValue(`#proposal-rows input[aria-label="pattern for pkgs.test"]`, "pkgs.test/simple/*"),
+		setValue(`#proposal-rows textarea[aria-label="pattern for pkgs.test"]`, "pkgs.test/simple/*"),
 		chromedp.Text("#proposal-save", &saveText, chromedp.ByID),
 		click("#proposal-save"),
 		chromedp.Poll(`document.querySelector("#proposal-status").textContent.startsWith("Saved")`, nil, chromedp.WithPollingTimeout(10*time.Second)),

@@ -354,3 +354,146 @@ func TestWebDialogShowsTheRealHost(t *testing.T) {
 		}
 	}
 }
+
+// wholeJS checks, in the page, that the elements matching a selector show
+// all their text: none is cut off (scrolled, hidden or ellipsized) by the
+// element or by a box it sits in, none runs out of the window, and one of
+// them holds the whole of want (its text, or a field's value).
+const wholeJS = `((sel, want) => {
+	const els = [...document.querySelectorAll(sel)].filter((e) => e.checkVisibility());
+	if (!els.length) return "nothing visible matches " + sel;
+	const text = (e) => e.value !== undefined && e.tagName !== "LI" && e.tagName !== "BUTTON" ? e.value : e.textContent;
+	if (!els.some((e) => text(e).includes(want))) return "no " + sel + " holds it: " + els.map((e) => JSON.stringify(text(e))).join(", ");
+	for (const e of els) {
+		if (e.scrollWidth > e.clientWidth + 1 || e.scrollHeight > e.clientHeight + 1 && getComputedStyle(e).overflowY !== "visible")
+			return sel + " " + JSON.stringify(text(e).slice(0, 80)) + " is cut off: " + e.scrollWidth + "x" + e.scrollHeight + " px in " + e.clientWidth + "x" + e.clientHeight;
+		const r = e.getBoundingClientRect();
+		if (r.right > innerWidth + 1) return sel + " runs out of the window: right " + r.right + " of " + innerWidth;
+		for (let a = e.parentElement; a && a !== document.documentElement; a = a.parentElement) {
+			const s = getComputedStyle(a);
+			if (s.overflowX !== "visible" && a.scrollWidth > a.clientWidth + 1)
+				return sel + " is cut off by " + a.tagName + (a.id ? "#" + a.id : "") + "." + a.className + ": " + a.scrollWidth + " px in " + a.clientWidth;
+		}
+	}
+	return "";
+})`
+
+// shownWhole fails the test unless sel shows want whole in the page.
+func shownWhole(t *testing.T, ctx context.Context, where, sel, want string) {
+	t.Helper()
+	var problem string
+	if err := chromedp.Run(ctx, chromedp.Evaluate(wholeJS+"("+jsString(sel)+", "+jsString(want)+")", &problem)); err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	if problem != "" {
+		t.Errorf("%s: %s", where, problem)
+	}
+}
+
+// TestWebLongNamesShownWhole: a member with a long name asks for a long
+// host that starts like one the person trusts (api.github.com.aaa…) and
+// ends in another domain. Wherever the page shows it (the dialog's fixed
+// place, the pattern choices, the monitor, the allowlist and its editor,
+// the proposal, the previews), the person reads all of it: it wraps, and
+// nothing of it is clipped, scrolled away or cut off with an ellipsis.
+func TestWebLongNamesShownWhole(t *testing.T) {
+	w, cfg, _, token := apiSetup(t)
+	ctx, _ := browserFor(t, w, token)
+	longHost := func(c string) string { // labels the exfiltration guard lets through
+		l := strings.Repeat(c, 50)
+		return "api.github.com." + l + "." + l + "." + l + "." + l + ".bench.test"
+	}
+	host := longHost("a")
+	name := "agent" + strings.Repeat("b", 59) // the longest --source takes
+	reason := "pip install " + strings.Repeat("c", 200) + " from " + host
+
+	// Asked through the member API, with a reason.
+	member := w.Start(cfg, "default", name, 60*time.Second, ask("", `{"kind":"network","url":"http://`+host+`/","reason":"`+reason+`"}`)...)
+	id := waitPendingAPI(t, w, token)
+	if err := chromedp.Run(ctx, chromedp.WaitVisible("#ask", chromedp.ByID)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][2]string{{"#ask-host", host}, {"#ask-source", name}, {"#ask-url", "http://" + host + "/"}, {"#ask-reason", reason}, {"#choices label", host}, {"#choices code", host}} {
+		shownWhole(t, ctx, "the dialog", c[0], c[1])
+	}
+	var hostTop bool
+	chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector(".ask-host").getBoundingClientRect().bottom <= document.querySelector("#ask-desc").getBoundingClientRect().top`, &hostTop))
+	if !hostTop {
+		t.Error("the host is not above what the member asks for")
+	}
+	if err := chromedp.Run(ctx, chromedp.Click(`input[name="pattern"][value="__custom"]`), setValue("#custom-pattern", host)); err != nil {
+		t.Fatal(err)
+	}
+	shownWhole(t, ctx, "the custom pattern", "#custom-pattern", host)
+	shownWhole(t, ctx, "the monitor's pending row", "#rows tr[data-approval] td", host)
+	shownWhole(t, ctx, "the monitor's pending row", "#rows tr[data-approval] td", name)
+	call(t, w, token, "POST", "/sandboxes/default/approvals/"+id, `{"action": "deny"}`)
+	member()
+
+	// Traffic to another such host (a denied host is not asked for again
+	// at once), allowed by the pattern the dialog offers first.
+	host = longHost("d")
+	member = w.Start(cfg, "default", name, 60*time.Second, "curl", "-sS", "-m", "50", "http://"+host+"/x")
+	if code, body := call(t, w, token, "GET", "/sandboxes/default/approvals", ""); code != 200 || body == "[]" {
+		r := member()
+		t.Fatalf("no approval: %d %s; the member: %q %q", code, body, r.Stdout, r.Stderr)
+	}
+	waitPendingAPI(t, w, token)
+	if err := chromedp.Run(ctx,
+		chromedp.WaitVisible("#ask", chromedp.ByID),
+		chromedp.Poll(`document.querySelector("#ask-host").textContent === `+jsString(host), nil, chromedp.WithPollingTimeout(10*time.Second)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	shownWhole(t, ctx, "the dialog for traffic", "#ask-host", host)
+	shownWhole(t, ctx, "the dialog for traffic", "#ask-url", "GET http://"+host+"/x")
+	if err := chromedp.Run(ctx, chromedp.Click("#b-pattern", chromedp.ByID), chromedp.WaitNotVisible("#ask", chromedp.ByID)); err != nil {
+		t.Fatal(err)
+	}
+	if r := member(); r.Stdout != "internet" {
+		t.Fatalf("the held curl after Allow pattern: %q %q", r.Stdout, r.Stderr)
+	}
+	if err := chromedp.Run(ctx, chromedp.Poll(`document.querySelector("#rows").textContent.includes("allowed (allow pattern)")`, nil, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	shownWhole(t, ctx, "the monitor", "#rows td", "http://"+host+"/x")
+	shownWhole(t, ctx, "the monitor", "#rows td", name)
+	shownWhole(t, ctx, "the monitor", "#rows td", "allowed (allow pattern)")
+	shownWhole(t, ctx, "the monitor's sources", "#per-source", name)
+
+	// The allowlist, and its editor.
+	if err := chromedp.Run(ctx, click(`.tabs button[data-tab="rules"]`), onScreen(`button[aria-label="edit `+host+`"]`)); err != nil {
+		t.Fatal(err)
+	}
+	shownWhole(t, ctx, "the allowlist", "#allow-rows td", host)
+	if err := chromedp.Run(ctx, click(`button[aria-label="edit `+host+`"]`), onScreen(`textarea[aria-label="new pattern for `+host+`"]`)); err != nil {
+		t.Fatal(err)
+	}
+	shownWhole(t, ctx, "the allowlist's editor", "#allow-rows textarea", host)
+	if err := chromedp.Run(ctx, click(`button[aria-label="cancel editing `+host+`"]`), offScreen("#allow-rows textarea")); err != nil {
+		t.Fatal(err)
+	}
+
+	// The proposal from that traffic.
+	if err := chromedp.Run(ctx, click(`.tabs button[data-tab="proposal"]`), click("#proposal-load"),
+		onScreen(`#proposal-rows textarea[aria-label="pattern for `+host+`"]`)); err != nil {
+		t.Fatal(err)
+	}
+	shownWhole(t, ctx, "the proposal", "#proposal-rows textarea", host)
+	shownWhole(t, ctx, "the proposal", "#proposal-rows td", "http://"+host+"/x")
+	shownWhole(t, ctx, "the proposal", "#proposal-rows td", name)
+
+	// The previews list the member while it lives.
+	sleeper := w.Start(cfg, "default", name, 60*time.Second, "sleep", "15")
+	if err := chromedp.Run(ctx, click(`.tabs button[data-tab="previews"]`),
+		chromedp.Poll(`document.querySelector("#preview-member-rows").textContent.includes(`+jsString(name)+`)`, nil, chromedp.WithPollingTimeout(15*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	shownWhole(t, ctx, "the previews", "#preview-member-rows td", name)
+	var label string
+	chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector("#preview-member-rows button").getAttribute("aria-label")`, &label))
+	if label != "expose a port of "+name {
+		t.Errorf("the expose button's label: %q", label)
+	}
+	sleeper()
+}

@@ -47,15 +47,31 @@ function visibleText(s) {
   });
 }
 
-// el builds an element; its text children and its title go through
-// visibleText.
+// el builds an element; its text children, its title and its aria-label
+// go through visibleText. Attributes are set through the DOM, never parsed
+// as HTML.
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
-    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, k === "title" ? visibleText(v) : v);
+    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, k === "title" || k === "aria-label" ? visibleText(v) : v);
   }
   for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(visibleText(k)));
   return e;
+}
+
+// patternBox is the field a pattern is edited in: a textarea that grows with
+// its text and wraps it, so a long host in it is read whole (an input
+// scrolls it out of sight). It stays one line of text: Enter calls enter
+// (if given) instead of breaking the line, and pasted line breaks go.
+function patternBox(attrs, value, enter) {
+  const t = el("textarea", { rows: "1", spellcheck: "false", ...attrs, class: "pattern" + (attrs.class ? " " + attrs.class : "") });
+  t.value = value;
+  oneLine(t, enter);
+  return t;
+}
+function oneLine(t, enter) {
+  t.addEventListener("keydown", (ev) => { if (ev.key === "Enter") { ev.preventDefault(); if (enter) enter(); } });
+  t.addEventListener("input", () => { if (/[\r\n]/.test(t.value)) t.value = t.value.replace(/[\r\n]+/g, ""); });
 }
 
 // ---- login ----
@@ -167,7 +183,7 @@ async function loadProposal() {
   $("proposal-rows").replaceChildren(...p.patterns.map((x, i) => {
     const note = x.covered_by ? "covered by " + x.covered_by : (x.flags || []).join("; ");
     const tick = el("input", { type: "checkbox", "aria-label": "save " + x.pattern, "data-i": String(i), ...(!x.covered_by && !(x.flags || []).length ? { checked: "" } : {}) });
-    const input = el("input", { class: "mono", value: x.pattern, "aria-label": "pattern for " + x.hosts.join(", "), spellcheck: "false", "data-member": x.member || "" });
+    const input = patternBox({ class: "mono", "aria-label": "pattern for " + x.hosts.join(", "), "data-member": x.member || "" }, x.pattern);
     tick.addEventListener("change", proposalCount); input.addEventListener("input", proposalCount);
     return el("tr", { class: (x.flags || []).length ? "flagged" : x.covered_by ? "covered" : "" }, el("td", {}, tick), el("td", {}, input), el("td", {}, x.member || "all members"),
       el("td", { class: "num" }, String(x.hits)), el("td", { class: "mono" }, ...x.examples.map((u) => el("div", {}, u))), el("td", { class: (x.flags || []).length ? "bad" : "muted" }, note));
@@ -178,7 +194,7 @@ async function loadProposal() {
 }
 function tickedRules() {
   return [...$("proposal-rows").querySelectorAll("tr")].filter((tr) => { const c = tr.querySelector('input[type="checkbox"]'); return c && c.checked; })
-    .map((tr) => { const i = tr.querySelector("input.mono"); return { pattern: i.value.trim(), member: i.dataset.member || undefined }; });
+    .map((tr) => { const i = tr.querySelector("textarea.mono"); return { pattern: i.value.trim(), member: i.dataset.member || undefined }; });
 }
 function proposalCount() {
   const n = tickedRules().length;
@@ -425,6 +441,7 @@ async function checkBroad() {
   if (!pattern) return;
   try { const out = await api("POST", sb("/allowlist/test"), { pattern, urls: [] }); $("broad").hidden = !out.broad; } catch { /* shown on submit */ }
 }
+oneLine($("custom-pattern"));
 for (const id of ["custom-pattern", "custom-samples"]) $(id).addEventListener("input", liveTest);
 $("custom-regex").addEventListener("change", liveTest);
 
@@ -502,7 +519,7 @@ function editRule(tr, list, r) {
   if (state.editing) return;
   state.editing = true;
   const cell = tr.children[0], actions = tr.lastChild;
-  const input = el("input", { value: r.pattern, "aria-label": "new pattern for " + r.pattern, spellcheck: "false" });
+  const input = patternBox({ "aria-label": "new pattern for " + r.pattern }, r.pattern, () => save());
   const err = el("div", { class: "row-error", role: "alert" });
   const done = () => { state.editing = false; loadRules(); };
   const save = async (force) => {
@@ -515,9 +532,7 @@ function editRule(tr, list, r) {
       err.textContent = e.message; input.focus();
     }
   };
-  input.addEventListener("keydown", (ev) => {
-    if (ev.key === "Enter") { ev.preventDefault(); save(); } else if (ev.key === "Escape") { ev.preventDefault(); done(); }
-  });
+  input.addEventListener("keydown", (ev) => { if (ev.key === "Escape") { ev.preventDefault(); done(); } });
   cell.className = "editing"; cell.replaceChildren(input, err);
   actions.replaceChildren(el("button", { class: "primary", "aria-label": "save pattern " + r.pattern, onclick: save }, "save"),
     el("button", { "aria-label": "cancel editing " + r.pattern, onclick: done }, "cancel"));
@@ -557,14 +572,14 @@ function renderExposures(list) {
   }
   $("exposure-rows").replaceChildren(...list.map((x) => {
     const href = exposureHref(x.url);
-    const link = href ? el("a", { href, target: "_blank", rel: "noopener noreferrer", "aria-label": "open " + visibleText(x.member) + " port " + x.port }, "open") : el("span", {}, "");
+    const link = href ? el("a", { href, target: "_blank", rel: "noopener noreferrer", "aria-label": "open " + x.member + " port " + x.port }, "open") : el("span", {}, "");
     return el("tr", { "data-exposure": x.id },
       el("td", { title: x.addr }, x.member),
       el("td", { class: "num" }, String(x.port)),
       el("td", { class: "mono" }, x.host_addr),
       el("td", { title: new Date(x.created).toLocaleString() }, new Date(x.created).toLocaleTimeString([], { hour12: false })),
       el("td", { class: "actions" }, link, " ",
-        el("button", { class: "danger", "aria-label": "close " + visibleText(x.member) + " port " + x.port, onclick: (ev) => closeExposure(ev.target, x) }, "close")));
+        el("button", { class: "danger", "aria-label": "close " + x.member + " port " + x.port, onclick: (ev) => closeExposure(ev.target, x) }, "close")));
   }));
 }
 
@@ -588,11 +603,11 @@ function renderMembers(list) {
     return;
   }
   $("preview-member-rows").replaceChildren(...list.map((m) => {
-    const port = el("input", { type: "number", min: "1", max: "65535", step: "1", inputmode: "numeric", placeholder: "port", "data-addr": m.addr, "aria-label": "port of " + visibleText(m.name) + " to expose" });
+    const port = el("input", { type: "number", min: "1", max: "65535", step: "1", inputmode: "numeric", placeholder: "port", "data-addr": m.addr, "aria-label": "port of " + m.name + " to expose" });
     port.value = typed.get(m.addr) || "";
     return el("tr", { "data-member": m.addr },
       el("td", {}, m.name), el("td", { class: "mono" }, m.addr), el("td", {}, m.kind),
-      el("td", { class: "actions" }, port, " ", el("button", { "aria-label": "expose a port of " + visibleText(m.name), onclick: (ev) => exposePort(ev.target, m, port) }, "expose port")));
+      el("td", { class: "actions" }, port, " ", el("button", { "aria-label": "expose a port of " + m.name, onclick: (ev) => exposePort(ev.target, m, port) }, "expose port")));
   }));
 }
 
