@@ -647,3 +647,76 @@ func TestDecideName(t *testing.T) {
 		t.Errorf("DecideName allocates %v times, want 0", a)
 	}
 }
+
+// TestDenyRuleSpellings: a deny rule denies the spellings servers take as
+// the path it names; TestDenyRuleSpellingsControl: and no other path.
+func TestDenyRuleSpellings(t *testing.T) {
+	for _, c := range []struct{ name, deny, path, why string }{
+		// A regex that tells case apart still matches the path as sent.
+		{"regex (?-i) exact request", `regex:api\.example\.com/(?-i)Admin/.*`, "/Admin/x", "the path as sent"},
+		{"regex negated class", `regex:api\.example\.com/.*[^a-z0-9/].*`, "/Admin", "[^a-z] under (?i) excludes A-Z, and the form is lower-cased"},
+		{"regex \\P{Ll}", `regex:api\.example\.com/v1/\P{Ll}.*`, "/v1/Xyz", "not a lower-case letter: matched /v1/Xyz before"},
+		// Unicode case: Java's String.equalsIgnoreCase (Spring
+		// AntPathMatcher with caseSensitive=false), Go's strings.EqualFold
+		// and Python's re.IGNORECASE take these as the ASCII letter.
+		{"dotless i", "api.example.com/admin/*", "/adm%C4%B1n/x", "Java equalsIgnoreCase: ı = i"},
+		{"dotted capital I", "api.example.com/admin/*", "/ADM%C4%B0N/x", "Java equalsIgnoreCase: İ = i"},
+		{"Kelvin sign", "api.example.com/keys/*", "/%E2%84%AAeys/x", "Java equalsIgnoreCase, Go EqualFold: K = k"},
+		{"long s", "api.example.com/secrets/*", "/%C5%BFecrets/x", "Java equalsIgnoreCase, Go EqualFold: ſ = s"},
+		// IIS/NTFS: trailing dots, spaces and streams are cut from every
+		// path component, not only the last (Win32 path normalisation;
+		// "::$INDEX_ALLOCATION" names a directory's own stream).
+		{"NTFS directory stream", "api.example.com/admin/*", "/admin::$INDEX_ALLOCATION/x", "IIS opens admin\\x"},
+		{"inner trailing dot", "api.example.com/admin/*", "/admin./x", "Win32 strips a component's trailing dot"},
+		{"inner trailing space", "api.example.com/admin/*", "/admin%20/x", "Win32 strips a component's trailing space"},
+		// A tree deny covers "/admin/" (the * matches nothing), which
+		// Express (strict: false), Rails and Spring 5 route as "/admin".
+		{"tree root without slash", "api.example.com/admin/*", "/admin", "/admin/ is denied; servers take /admin as it"},
+		{"tree root with format", "api.example.com/admin/*", "/admin.json", "Rails: /admin(.:format)"},
+		// PHP runs /admin.php for /admin.php/anything (PATH_INFO).
+		{"PHP PATH_INFO", "api.example.com/admin.php", "/admin.php/x", "Apache/nginx+PHP run admin.php"},
+		{"ligature", "api.example.com/config/*", "/con%EF%AC%81g/x", "full case folding: ﬁ = fi"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rs := ruleset(t, ActionAllow, "api.example.com", "deny "+c.deny)
+			d := rs.Decide(Query{Host: "api.example.com", Port: 443, Method: "GET", Path: c.path})
+			if d.Verdict == Allow {
+				t.Errorf("deny %s: GET %s is %v (%v); want denied (%s)", c.deny, c.path, d.Verdict, d.Rule, c.why)
+			}
+		})
+	}
+}
+
+func TestDenyRuleSpellingsControl(t *testing.T) {
+	for _, c := range []struct{ deny, path string }{
+		{"api.example.com/admin/*", "/administrator"},
+		{"api.example.com/admin/*", "/adminx/y"},
+		{"api.example.com/admin/*", "/v1/admin/x"},
+		{"api.example.com/admin/*", "/adm%C3%AFn/x"},
+		{"api.example.com/admin.php", "/admin.phps"},
+		{"api.example.com/admin.php", "/x/admin.php"},
+		{"api.example.com/v1/admin", "/v1/admins"},
+		{`regex:api\.example\.com/(?-i)Admin/.*`, "/public/x"},
+	} {
+		rs := ruleset(t, ActionDeny, "api.example.com", "deny "+c.deny)
+		if d := rs.Decide(Query{Host: "api.example.com", Port: 443, Method: "GET", Path: c.path}); d.Verdict != Allow {
+			t.Errorf("deny %s: GET %s is %v (%v); want allowed", c.deny, c.path, d.Verdict, d.Rule)
+		}
+	}
+}
+
+// BenchmarkDecideDenyPathRule: a request to a host with a deny path rule,
+// whose spellings are made for it (BenchmarkDecideRequest's rules have
+// none).
+func BenchmarkDecideDenyPathRule(b *testing.B) {
+	rs := ruleset(b, ActionAsk, "api.example.com", "deny api.example.com/admin/*")
+	for _, p := range []string{"/v1/users/7?page=2", "/V1/Users;x/7.json"} {
+		q := Query{Host: "api.example.com", Port: 443, Method: "GET", Path: p}
+		b.Run(fmt.Sprintf("path=%s", p), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				rs.Decide(q)
+			}
+		})
+	}
+}

@@ -49,12 +49,17 @@ func (p *Pattern) matchRequest(method, path string) bool {
 // denies reports whether deny pattern p matches a request in any spelling
 // a server may take as the same (see request.denyForms). A deny rule on
 // GET also denies HEAD, which servers answer with the GET handler: its
-// side effects run, and the URL reaches the server.
+// side effects run, and the URL reaches the server. A path regex is also
+// tried as written on the path as sent, so one that tells case apart
+// denies what it did.
 func (p *Pattern) denies(rq *request) bool {
 	if p.method != "" && p.method != rq.method && (p.method != "GET" || rq.method != "HEAD") {
 		return false
 	}
 	if p.anyPath() && p.pathRe == nil {
+		return true
+	}
+	if p.pathRe != nil && (p.pathRe.MatchString(rq.clean) || p.pathRe.MatchString(rq.merged) || p.pathRe.MatchString(rq.raw)) {
 		return true
 	}
 	for _, form := range rq.denyForms() {
@@ -137,12 +142,18 @@ func foldSlashes(p string) string {
 // in lower case too): the path as sent, cleaned and with runs of "/"
 // folded, and the other spellings servers may take as the same:
 //   - segment parameters cut (Tomcat, Spring: "/admin;x/y" is "/admin/y");
-//   - any case (IIS, Express by default);
-//   - a trailing "/" (Express, Rails, Spring 5: "/admin/" is "/admin");
-//   - an NTFS stream, trailing dots and spaces cut from the last segment
-//     (IIS: "/admin::$DATA", "/admin." and "/admin%20" are "/admin");
+//   - any case (IIS, Express by default), also letters outside ASCII that
+//     case-insensitive comparisons take for ASCII ones (Java's
+//     equalsIgnoreCase: "ı" and "İ" are "i", "ſ" is "s", the Kelvin sign
+//     is "k"; full case folding: "ﬁ" is "fi");
+//   - NTFS streams, trailing dots and spaces cut from every segment (IIS:
+//     "/admin::$DATA", "/admin./x" and "/admin%20" are "/admin...");
+//   - a trailing "/" cut, or added (Express, Rails, Spring 5: "/admin/" is
+//     "/admin", and "/admin" what "/admin/*" guards);
 //   - a format suffix cut from the last segment (Rails, Spring's suffix
-//     matching: "/admin.json" is "/admin").
+//     matching: "/admin.json" is "/admin");
+//   - the path up to a segment with an extension (PHP and CGI's PATH_INFO:
+//     "/admin.php/x" runs "/admin.php").
 //
 // They are made the first time a deny rule with a path is checked, once
 // per request.
@@ -150,15 +161,14 @@ func (rq *request) denyForms() []string {
 	if rq.forms != nil {
 		return rq.forms
 	}
-	forms := make([]string, 0, 8)
+	forms := make([]string, 0, 12)
 	add := func(f string) {
-		f = strings.ToLower(f)
 		if !slices.Contains(forms, f) {
 			forms = append(forms, f)
 		}
 	}
 	for _, f := range []string{rq.clean, rq.merged, rq.raw} {
-		add(f)
+		add(foldPath(f))
 	}
 	stripped := rq.merged
 	if strings.Contains(stripped, ";") || strings.Contains(stripped, "%3B") {
@@ -170,29 +180,67 @@ func (rq *request) denyForms() []string {
 		}
 		stripped = removeDotSegments(strings.Join(segs, "/"))
 	}
-	add(stripped)
-	f := strings.ToLower(stripped)
+	f := foldPath(stripped)
+	add(f)
+	// NTFS: each segment without its stream and trailing dots and spaces.
+	segs := strings.Split(f, "/")
+	for i, seg := range segs {
+		if j := strings.Index(seg, "::"); j >= 0 {
+			seg = seg[:j]
+		}
+		for {
+			t := strings.TrimSuffix(strings.TrimRight(seg, ". "), "%20")
+			if t == seg {
+				break
+			}
+			seg = t
+		}
+		segs[i] = seg
+	}
+	// PATH_INFO: the path up to each segment with an extension.
+	for i := 1; i < len(segs)-1; i++ {
+		if strings.IndexByte(segs[i], '.') > 0 {
+			add(strings.Join(segs[:i+1], "/"))
+		}
+	}
+	f = strings.Join(segs, "/")
 	if len(f) > 1 {
 		f = strings.TrimRight(f, "/")
 	}
-	last := strings.LastIndexByte(f, '/') + 1
-	if i := strings.Index(f[last:], "::"); i >= 0 {
-		f = f[:last+i]
-	}
-	for {
-		t := strings.TrimSuffix(strings.TrimRight(f, ". "), "%20")
-		if t == f {
-			break
-		}
-		f = t
-	}
 	add(f)
+	add(f + "/")
+	last := strings.LastIndexByte(f, '/') + 1
 	if i := strings.IndexByte(f[last:], '.'); i > 0 {
 		add(f[:last+i])
+		add(f[:last+i] + "/")
 	}
 	rq.forms = forms
 	return forms
 }
+
+// foldPath lower-cases a canonical path, and writes the escaped letters
+// outside ASCII that case-insensitive comparisons take for ASCII letters
+// as those letters.
+func foldPath(p string) string {
+	p = strings.ToLower(p)
+	if strings.Contains(p, "%") {
+		p = asciiFolds.Replace(p)
+	}
+	return p
+}
+
+// asciiFolds are the letters outside ASCII, escaped as a canonical path in
+// lower case holds them, that case-insensitive comparisons match with
+// ASCII letters: by simple case mapping (Java's equalsIgnoreCase, Go's
+// EqualFold) or full case folding (ligatures).
+var asciiFolds = strings.NewReplacer(
+	"%c4%b1", "i", // ı dotless i
+	"%c4%b0", "i", // İ capital I with dot
+	"%c5%bf", "s", // ſ long s
+	"%e2%84%aa", "k", // K Kelvin sign
+	"%ef%ac%80", "ff", "%ef%ac%81", "fi", "%ef%ac%82", "fl", "%ef%ac%83", "ffi",
+	"%ef%ac%84", "ffl", "%ef%ac%85", "st", "%ef%ac%86", "st",
+)
 
 // decodeUnreserved decodes %XX escapes of unreserved characters
 // (ALPHA / DIGIT / "-" / "." / "_" / "~"), which mean the same encoded or not,
