@@ -187,11 +187,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// The request must be for the host the connection was decided for:
 	// anything else is domain fronting.
-	reqHost, reqPort := r.Host, ""
-	if i := strings.LastIndexByte(r.Host, ':'); i >= 0 && !strings.Contains(r.Host, "]") {
-		reqHost, reqPort = r.Host[:i], r.Host[i+1:]
-	}
-	if n, err := policy.NormalizeHost(reqHost); err != nil || n != h.host || !validPort(reqPort) {
+	if !h.isHost(r.Host) {
 		rec.Reason = fmt.Sprintf("request for %q on a connection for %s (domain fronting)", r.Host, h.host)
 		h.forbid(rw, r, &rec)
 		return
@@ -213,6 +209,20 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	dropPathOverrides(r.Header)
 	d := h.decide(rec.Source, r.Method, target)
+	// A WebDAV COPY or MOVE acts on its Destination too: it must be on
+	// this host, read as the target is, and allowed by a rule.
+	if dest, ok, err := h.destination(r.Header); err != nil || ok && h.decide(rec.Source, r.Method, dest).Verdict != policy.Allow {
+		if err == nil {
+			dd := h.decide(rec.Source, r.Method, dest)
+			err = fmt.Errorf("the Destination %s %s is not allowed by a rule: %s", r.Method, dest, dd.Detail())
+			if dd.Rule != nil {
+				rec.Rule = dd.Rule.Pattern.String()
+			}
+		}
+		rec.Reason = err.Error()
+		h.forbid(rw, r, &rec)
+		return
+	}
 	// Servers that honour a method override act on it: it is decided too,
 	// and the stricter answer stands. Every value is: servers differ on
 	// which of several they take.
@@ -297,6 +307,52 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx = context.WithValue(ctx, targetKey{}, h.addr)
 	ctx = context.WithValue(ctx, authorityKey{}, h.authority)
 	h.fwd.ServeHTTP(rw, r.WithContext(ctx))
+}
+
+// isHost reports whether a Host header or URL authority (host[:port])
+// names the connection's host, in any spelling of it.
+func (h *bumpHandler) isHost(hostport string) bool {
+	host, port := hostport, ""
+	if i := strings.LastIndexByte(hostport, ':'); i >= 0 && !strings.Contains(hostport, "]") {
+		host, port = hostport[:i], hostport[i+1:]
+	}
+	n, err := policy.NormalizeHost(host)
+	return err == nil && n == h.host && validPort(port)
+}
+
+// destination returns the canonical target a request's Destination header
+// names (WebDAV's COPY and MOVE act on it), if it has one: an absolute
+// path, or an http(s) URL on the connection's host. Anything else, or more
+// than one, is an error.
+func (h *bumpHandler) destination(hdr http.Header) (string, bool, error) {
+	var vv []string
+	for k, v := range hdr {
+		if strings.EqualFold(strings.ReplaceAll(k, "_", "-"), "Destination") {
+			vv = append(vv, v...)
+		}
+	}
+	switch {
+	case len(vv) == 0:
+		return "", false, nil
+	case len(vv) > 1:
+		return "", false, errors.New("more than one Destination header")
+	}
+	dest := vv[0]
+	if rest, ok := cutScheme(dest); ok {
+		authority, _, _ := strings.Cut(rest, "/")
+		if strings.ContainsAny(authority, "@?#") || !h.isHost(authority) {
+			return "", false, fmt.Errorf("a Destination on another host than %s", h.host)
+		}
+		dest = rest[len(authority):]
+	}
+	if !strings.HasPrefix(dest, "/") {
+		return "", false, fmt.Errorf("a Destination that is neither an absolute path nor a URL on %s", h.host)
+	}
+	target, err := policy.CanonicalTarget(dest)
+	if err != nil {
+		return "", false, fmt.Errorf("the Destination: %w", err)
+	}
+	return target, true, nil
 }
 
 // forbid answers 403 with a body that says what was blocked and how to

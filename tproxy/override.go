@@ -30,10 +30,13 @@ var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Met
 
 // pathOverrides are the headers with which front proxies tell servers to
 // route a request to another path than its own (IIS URL Rewrite, Symfony
-// before 3.4.14, Zend/Laminas read X-Original-URL and X-Rewrite-URL). No
+// before 3.4.14, Zend/Laminas read X-Original-URL and X-Rewrite-URL; the
+// widely copied Flask "ReverseProxied" middleware cuts X-Script-Name off
+// the path). No
 // client has a use for them, and the path decided is the request's own:
 // they are dropped, in every spelling (case, "_" for "-").
-var pathOverrides = []string{"X-Original-Url", "X-Original-Uri", "X-Rewrite-Url", "X-Forwarded-Uri", "X-Forwarded-Path", "X-Forwarded-Prefix"}
+var pathOverrides = []string{"X-Original-Url", "X-Original-Uri", "X-Original-Path", "X-Rewrite-Url", "X-Forwarded-Uri", "X-Forwarded-Path",
+	"X-Forwarded-Prefix", "X-Script-Name", "X-Forwarded-Script-Name", "X-Envoy-Original-Path"}
 
 // dropPathOverrides removes a request's path-override headers.
 func dropPathOverrides(h http.Header) {

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -201,12 +202,43 @@ func TestDenyGetDeniesHead(t *testing.T) {
 func TestPathOverrideHeadersDropped(t *testing.T) {
 	up, h, roots := recordingHarness(t, allowDenyPolicy([]string{"GET api.allowed.test:%d/v1/*"}, nil))
 	ok, st := reachedUpstream(t, up, h, roots, "GET", "/v1/x", "X-Original-URL: /admin/delete-all\r\nX-Rewrite-URL: /admin/delete-all\r\n"+
-		"x_original_url: /admin/delete-all\r\nX-ORIGINAL-URI: /admin/delete-all\r\nX-Forwarded-Prefix: /admin\r\n")
+		"x_original_url: /admin/delete-all\r\nX-ORIGINAL-URI: /admin/delete-all\r\nX-Forwarded-Prefix: /admin\r\n"+
+		"X-Script-Name: /admin\r\nx_script_name: /admin\r\n")
 	if !ok {
 		t.Fatalf("GET /v1/x did not reach the upstream (%s)", st)
 	}
 	if all := up.all(); strings.Contains(strings.ToLower(all), "/admin") {
 		t.Errorf("GET /v1/x went upstream with a path override:\n%s", all)
+	}
+}
+
+// TestWebDAVDestinationDecided: a COPY or MOVE acts on the path its
+// Destination header names too: it must be on the connection's host, read
+// as request targets are, and allowed by a rule.
+func TestWebDAVDestinationDecided(t *testing.T) {
+	up, h, roots := recordingHarness(t, allowDenyPolicy([]string{"api.allowed.test:%d"}, []string{"api.allowed.test:%d/admin/*"}))
+	a := fmt.Sprintf("api.allowed.test:%d", up.httpsPort)
+	for i, c := range []struct {
+		name, header string
+		reaches      bool
+	}{
+		{"allowed", "Destination: /tmp/y\r\n", true},
+		{"allowed, a URL on this host", "Destination: https://" + a + "/tmp/z\r\n", true},
+		{"denied path", "Destination: /admin/x\r\n", false},
+		{"denied path, a URL", "Destination: HTTPS://API.allowed.test:" + strconv.Itoa(int(up.httpsPort)) + "/Admin/x\r\n", false},
+		{"denied path, another spelling", "Destination: /%61dmin/x\r\n", false},
+		{"another host", "Destination: https://evil.test/tmp/x\r\n", false},
+		{"userinfo", "Destination: https://" + a + "@evil.test/tmp/x\r\n", false},
+		{"ambiguous", "Destination: /tmp/../admin/x\r\n", false},
+		{"relative", "Destination: admin/x\r\n", false},
+		{"two", "Destination: /tmp/y\r\nDestination: /admin/x\r\n", false},
+		{"CGI spelling", "Destination: /tmp/y\r\ndestination_: /x\r\nDESTINATION: /admin/x\r\n", false},
+	} {
+		src := "/src/" + strconv.Itoa(i)
+		ok, st := reachedUpstream(t, up, h, roots, "MOVE", src, c.header)
+		if ok != c.reaches {
+			t.Errorf("%s: MOVE with %q reached the upstream: %v (%s), want %v", c.name, c.header, ok, st, c.reaches)
+		}
 	}
 }
 
