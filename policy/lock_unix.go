@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -17,50 +18,67 @@ import (
 // instead of waiting for ever with the sandbox's edits behind it.
 var lockWait = 5 * time.Second
 
+// pathLocks serialises this process's edits of one path (path → *sync.Mutex),
+// so that only other processes' holds count against lockWait.
+var pathLocks sync.Map
+
 // lockFile takes an exclusive flock(2) on the file at path, creating it,
 // and returns the function that releases the lock. The lock file is never
 // removed: deleting it while another process waits on it would let two
-// editors in at once. A lock held elsewhere for longer than lockWait is an
-// error.
-//
-// flock locks belong to the open file description, so two goroutines of
-// one process that each call lockFile exclude each other just as two
-// processes do; no in-process mutex is needed.
+// editors in at once. A lock another process holds for longer than
+// lockWait is an error.
 func lockFile(path string) (unlock func(), err error) {
+	mu, _ := pathLocks.LoadOrStore(path, new(sync.Mutex))
+	m := mu.(*sync.Mutex)
+	m.Lock()
 	// Never through a link: the lock sits in the project, which a sandbox
 	// member may write, and airlockd, as root, would create or open the
 	// file the link names. Nor a device or a pipe, which opening may act
 	// on.
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0o644)
 	if err != nil {
+		m.Unlock()
 		return nil, fmt.Errorf("lock policy file: %w", err)
 	}
 	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
 		f.Close()
+		m.Unlock()
 		return nil, fmt.Errorf("lock policy file: %s is not a regular file; remove it", path)
 	}
-	deadline := time.Now().Add(lockWait)
-	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if errors.Is(err, syscall.EWOULDBLOCK) && time.Now().Before(deadline) {
-			time.Sleep(pause)
-			continue
+	// flock(2) waits in the kernel, where no deadline reaches it: it waits
+	// in a goroutine of its own, which a timed-out edit leaves behind to
+	// let go of the lock as soon as it has it.
+	got := make(chan error, 1)
+	go func() {
+		for {
+			err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+			if !errors.Is(err, syscall.EINTR) {
+				got <- err
+				return
+			}
 		}
-		if !errors.Is(err, syscall.EINTR) {
-			break
-		}
-	}
-	if errors.Is(err, syscall.EWOULDBLOCK) {
-		f.Close()
+	}()
+	timer := time.NewTimer(lockWait)
+	defer timer.Stop()
+	select {
+	case err = <-got:
+	case <-timer.C:
+		go func() {
+			<-got
+			f.Close()
+		}()
+		m.Unlock()
 		return nil, fmt.Errorf("lock policy file: another process has held %s for over %s; nothing was changed", path, lockWait)
 	}
 	if err != nil {
 		f.Close()
+		m.Unlock()
 		return nil, fmt.Errorf("lock policy file: flock %s: %w", path, err)
 	}
 	return func() {
 		// Closing the only descriptor releases the lock.
 		f.Close()
+		m.Unlock()
 	}, nil
 }
 
