@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -612,6 +613,238 @@ func TestHostHeaderForwardedAsDecided(t *testing.T) {
 				t.Errorf("Host %q: %d, upstream got %q; want 200 and Host %s", tc.host, resp.StatusCode, got, want)
 			case !tc.ok && (err == nil && resp.StatusCode < 400 || len(got) != 0):
 				t.Errorf("Host %q: carried (upstream got %q)", tc.host, got)
+			}
+		})
+	}
+}
+
+// lenientHTTP is an upstream that reads requests as the most lenient
+// servers do: it skips a PROXY protocol header (versions 1 and 2) and any
+// white space and empty lines first, splits the request line on any white
+// space (as Python's http.server and Werkzeug do, str.split() on a Latin-1
+// line: SP, HT, VT, FF, CR, 0x1c-0x1f, 0x85, 0xa0) and takes any first
+// word for the method, any version starting with "HTTP/" in any case, and
+// HTTP/0.9 ("GET /x", "GET http://host/x"). It records the host each
+// request it would act on names (Host, or the absolute-form target's).
+type lenientHTTP struct {
+	ln       net.Listener
+	mu       sync.Mutex
+	accepted int
+	hosts    []string
+}
+
+func startLenientHTTP(t *testing.T) *lenientHTTP {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &lenientHTTP{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.accepted++
+			s.mu.Unlock()
+			go s.serve(c)
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return s
+}
+
+func (s *lenientHTTP) serve(c net.Conn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	if sig, _ := r.Peek(len(proxyV2Sig) + 4); string(sig[:min(len(sig), len(proxyV2Sig))]) == proxyV2Sig {
+		r.Discard(len(proxyV2Sig) + 4 + int(binary.BigEndian.Uint16(sig[len(proxyV2Sig)+2:])))
+	} else if p, _ := r.Peek(6); string(p) == "PROXY " {
+		r.ReadString('\n')
+	}
+	var words [][]byte
+	for len(words) == 0 {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			return
+		}
+		words = bytes.FieldsFunc(line, func(c rune) bool { return c == '\n' || isLaxSpace(byte(c)) })
+	}
+	host := ""
+	switch {
+	case len(words) == 2 && string(words[0]) == "GET": // HTTP/0.9: no headers
+	case len(words) == 3 && strings.HasPrefix(strings.ToUpper(string(words[2])), "HTTP/"):
+		for {
+			h, err := r.ReadString('\n')
+			if err != nil || strings.TrimSpace(h) == "" {
+				break
+			}
+			if k, v, ok := strings.Cut(h, ":"); ok && strings.EqualFold(strings.TrimSpace(k), "Host") {
+				host = strings.TrimSpace(v)
+			}
+		}
+	default:
+		return
+	}
+	if rest, ok := cutScheme(string(words[1])); ok {
+		host, _, _ = strings.Cut(rest, "/")
+	}
+	s.mu.Lock()
+	s.hosts = append(s.hosts, host)
+	s.mu.Unlock()
+	io.WriteString(c, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+}
+
+func (s *lenientHTTP) seen() (accepted int, hosts []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.accepted, slices.Clone(s.hosts)
+}
+
+// lenientSpellings are requests for evil.test that a lenient server
+// (lenientHTTP) acts on and airlock's strict reading does not.
+var lenientSpellings = []struct{ name, raw string }{
+	{"strict", "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"FF separators", "GET\f/\fHTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"VT separators", "GET\v/\vHTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"bare CR separators", "GET\r/\rHTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"0x1c separators", "GET\x1c/\x1cHTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"NBSP separators", "GET\xa0/\xa0HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"NEL separators", "GET\x85/\x85HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"leading space", " GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"leading tab", "\tGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"leading FF", "\fGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"leading CRLF", "\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"leading LF", "\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"leading empty lines and FF", "\r\n\n\r\nGET\f/\fHTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"lower case", "get\f/\fhttp/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"PROPFIND", "PROPFIND\f/\fHTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"arbitrary token", "X-ANYTHING\f/\fHTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"method that is no token", "[GET]\f/\fHTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"HTTP/1.0", "GET\f/\fHTTP/1.0\r\nHost: evil.test\r\n\r\n"},
+	{"absolute form", "GET\fhttp://evil.test/\fHTTP/1.1\r\n\r\n"},
+	{"HTTP/0.9 absolute form", "GET http://evil.test/\r\n"},
+	{"HTTP/0.9 with FF", "GET\fhttp://evil.test/\r\n"},
+	{"PROXY v1", "PROXY TCP4 10.0.0.1 10.0.0.2 1234 80\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"PROXY v2", proxyV2Sig + "\x21\x11\x00\x0c" + "\x0a\x00\x00\x01\x0a\x00\x00\x02\x04\xd2\x00\x50" + "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+}
+
+// TestLenientHTTPOnOtherPortsIsParsedOrRefused: on a port other than
+// 80, 443, 8080 and 8443, bytes a lenient server reads as a request
+// (lenientHTTP) are read strictly or refused, never carried as another
+// protocol past the Host check (design §8, invariant 10): a request for
+// another host made of them never reaches the upstream of the allowed
+// host the connection was made to.
+func TestLenientHTTPOnOtherPortsIsParsedOrRefused(t *testing.T) {
+	srv := startLenientHTTP(t)
+	port := uint16(srv.ln.Addr().(*net.TCPAddr).Port)
+	if isWebPort(port) {
+		t.Skip("ephemeral port is a web port")
+	}
+	for _, tc := range lenientSpellings {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
+			_, before := srv.seen()
+			c := h.connect(t, 5*time.Second)
+			io.WriteString(c, tc.raw)
+			io.Copy(io.Discard, c)
+			c.Close()
+			waitRecords(t, h, 1)
+			if r := h.Records()[0]; r.Verdict != policy.Deny {
+				t.Errorf("record %+v, want a refusal", r)
+			}
+			if _, hosts := srv.seen(); len(hosts) > len(before) {
+				t.Errorf("the upstream acted on a request for %q on a connection decided for allowed.test", hosts[len(before):])
+			}
+		})
+	}
+}
+
+// TestLenientHTTPAfterSilenceIsRefused: a client silent past the sniff
+// window, then sending a request a lenient server reads, has it refused
+// before anything reaches the upstream (firstBytes classifies as peek
+// does).
+func TestLenientHTTPAfterSilenceIsRefused(t *testing.T) {
+	srv := startLenientHTTP(t)
+	port := uint16(srv.ln.Addr().(*net.TCPAddr).Port)
+	if isWebPort(port) {
+		t.Skip("ephemeral port is a web port")
+	}
+	for _, tc := range lenientSpellings {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), func(c *Config) {
+				c.SniffTimeout = 20 * time.Millisecond
+			})
+			accepted, before := srv.seen()
+			c := h.connect(t, 5*time.Second)
+			testenv.WaitFor(t, 5*time.Second, "the proxy to end the sniff window and dial the upstream", func() bool { n, _ := srv.seen(); return n > accepted })
+			io.WriteString(c, tc.raw)
+			io.Copy(io.Discard, c)
+			c.Close()
+			waitRecords(t, h, 1)
+			if r := h.Records()[0]; r.Verdict != policy.Deny {
+				t.Errorf("record %+v, want a refusal", r)
+			}
+			if _, hosts := srv.seen(); len(hosts) > len(before) {
+				t.Errorf("the upstream acted on a request for %q on a connection decided for allowed.test", hosts[len(before):])
+			}
+		})
+	}
+}
+
+// otherProtocols are first bytes of protocols that are not HTTP, some of
+// them a word and white space, which airlock carries as they are on ports
+// other than the web's.
+var otherProtocols = []struct{ name, raw string }{
+	{"SSH banner", "SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13\r\n"},
+	{"PostgreSQL SSLRequest", "\x00\x00\x00\x08\x04\xd2\x16\x2f"},
+	{"PostgreSQL startup", "\x00\x00\x00\x25\x00\x03\x00\x00user\x00alice\x00database\x00app db\x00\x00"},
+	{"Redis", "*1\r\n$4\r\nPING\r\n"},
+	{"Redis inline", "GET key\r\n"},
+	{"memcached", "get some key\r\n"},
+	{"IRC", "NICK alice\r\nUSER alice 0 * :Alice\r\n"},
+	{"JSON line", "{\"jsonrpc\": \"2.0\", \"method\": \"ping\"}\n"},
+	{"MongoDB", "\x3a\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\xdd\x07\x00\x00"},
+}
+
+// TestOtherProtocolsAreCarried: on a port other than the web's, the first
+// bytes of protocols that are not HTTP, among them some that start with a
+// word and white space, are carried to the upstream at once, without
+// waiting for the peek timeout.
+func TestOtherProtocolsAreCarried(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	if isWebPort(port) {
+		t.Skip("ephemeral port is a web port")
+	}
+	for _, tc := range otherProtocols {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
+			c := h.connect(t, 2*time.Second) // well within the 10 s peek timeout
+			io.WriteString(c, tc.raw)
+			got := make([]byte, len(tc.raw))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != tc.raw {
+				t.Fatalf("echo %q, %v; want %q", got, err, tc.raw)
+			}
+			c.Close()
+			waitRecords(t, h, 1)
+			if r := h.Records()[0]; r.Verdict != policy.Allow {
+				t.Errorf("record %+v, want it carried", r)
 			}
 		})
 	}

@@ -240,39 +240,79 @@ func parseH2CPreface(b []byte) (bool, error) {
 	return string(b[:len(h2cPreface)]) == h2cPreface, nil
 }
 
-// httpShaped reports whether b starts like an HTTP/1.x request as a lenient
-// server would take it: a token, white space, and a first line that ends
-// in an HTTP version, after any empty lines. more is set while the first
-// line is not whole. Bytes shaped so are then read strictly
-// (parseHTTPHead): a server may act on a request the proxy could not read.
+// httpShaped reports whether b starts like an HTTP/1.x request under the
+// most lenient reading a server makes of one (design §8, invariant 10),
+// so that bytes a server could act on as a request are never carried as
+// another protocol. That is: after any white space and empty lines (RFC
+// 9112 §2.2 lets a server skip empty lines; Python's http.server skips
+// white space), a method (a word of visible ASCII), white space, and a
+// first line with a later word that starts with "HTTP/" (any case), or of
+// two words the second of which is a request target ("GET /", HTTP/0.9).
+// White space is any byte a server may split the line on (isLaxSpace);
+// the line ends at LF. more is set while the answer depends on bytes yet
+// to come. Bytes shaped so are then read strictly (parseHTTPHead).
 func httpShaped(b []byte) (shaped, more bool) {
 	i := 0
-	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
+	for i < len(b) && (isLaxSpace(b[i]) || b[i] == '\n') {
 		i++
 	}
 	start := i
-	for i < len(b) && isTChar(b[i]) {
+	for i < len(b) && '!' <= b[i] && b[i] <= '~' {
 		i++
 	}
 	switch {
-	case i == start && i < len(b):
-		return false, false // no token
 	case i == len(b):
-		return false, true // a token so far
-	case b[i] != ' ' && b[i] != '\t':
-		return false, false
+		return false, true // blanks, or a method so far
+	case i == start, !isLaxSpace(b[i]):
+		return false, false // no method, or one followed by a control byte or a line end
 	}
-	nl := bytes.IndexByte(b[i:], '\n')
-	if nl < 0 {
-		return false, true
+	words := 1
+	var second []byte
+	for {
+		for i < len(b) && isLaxSpace(b[i]) {
+			i++
+		}
+		if i == len(b) {
+			return false, true
+		}
+		if b[i] == '\n' {
+			return words == 2 && targetShaped(second), false
+		}
+		w := i
+		for i < len(b) && b[i] != '\n' && !isLaxSpace(b[i]) {
+			i++
+		}
+		word := b[w:i]
+		if words++; words == 2 {
+			second = word
+		}
+		if len(word) >= 5 && strings.EqualFold(string(word[:5]), "HTTP/") {
+			return true, false
+		}
+		if i == len(b) {
+			return false, true // the line is not whole
+		}
 	}
-	line := b[start : i+nl]
-	if cr := bytes.IndexByte(line, '\r'); cr >= 0 {
-		line = line[:cr] // some servers end a line at a bare CR
+}
+
+// isLaxSpace reports a byte some server splits a request line on: SP and
+// HTAB (RFC 9112), VT, FF and a bare CR (which RFC 9112 §3 lets a server
+// take for white space too), and what Python's str.split() takes for white
+// space in a Latin-1 line (0x1c-0x1f, 0x85, 0xa0). LF, which ends the
+// line, is not one.
+func isLaxSpace(c byte) bool {
+	switch c {
+	case ' ', '\t', '\v', '\f', '\r', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:
+		return true
 	}
-	fields := strings.Fields(string(line))
-	last := fields[len(fields)-1]
-	return len(fields) >= 2 && len(last) >= 5 && strings.EqualFold(last[:5], "HTTP/"), false
+	return false
+}
+
+// targetShaped reports a word that reads as a request target in origin
+// form ("/x") or absolute form ("http://host/x"): the second word of an
+// HTTP/0.9 request line, which has no version.
+func targetShaped(w []byte) bool {
+	return len(w) > 0 && w[0] == '/' || bytes.Contains(w, []byte("://"))
 }
 
 // parseHTTPHead reads an HTTP/1.x request head. It returns errNeedMore until
@@ -283,6 +323,7 @@ func httpShaped(b []byte) (shaped, more bool) {
 // followed at once by ":", values hold no control bytes. Two Host headers,
 // a Host that disagrees with an absolute-form target, or obsolete line
 // folding are errors too: a proxy and a server could read them differently.
+// A bad request line is an error as soon as its line end has arrived.
 func parseHTTPHead(b []byte) (Head, error) {
 	shaped, more := httpShaped(b)
 	if more {
@@ -294,8 +335,8 @@ func parseHTTPHead(b []byte) (Head, error) {
 	if !shaped {
 		return Head{}, errNotHTTP
 	}
-	if b[0] == '\r' || b[0] == '\n' {
-		return Head{}, errors.New("malformed HTTP request: empty lines before the request line")
+	if isLaxSpace(b[0]) || b[0] == '\n' {
+		return Head{}, errors.New("malformed HTTP request: white space or empty lines before the request line")
 	}
 	end := bytes.Index(b, []byte("\r\n\r\n"))
 	head := b
@@ -312,25 +353,36 @@ func parseHTTPHead(b []byte) (Head, error) {
 			return Head{}, fmt.Errorf("malformed HTTP request: control byte %#x", c)
 		}
 	}
-	if end < 0 {
+	lineEnd := bytes.Index(head, []byte("\r\n"))
+	if lineEnd < 0 { // shaped by a version before the line end
 		if len(b) >= MaxPeek {
-			return Head{}, fmt.Errorf("HTTP request head longer than %d bytes", MaxPeek)
+			return Head{}, fmt.Errorf("HTTP request line longer than %d bytes", MaxPeek)
 		}
 		return Head{}, errNeedMore
 	}
-	lines := strings.Split(string(b[:end]), "\r\n")
-	parts := strings.Split(lines[0], " ")
+	line := string(b[:lineEnd])
+	parts := strings.Split(line, " ")
 	if len(parts) != 3 || !isToken([]byte(parts[0])) || parts[1] == "" || parts[2] != "HTTP/1.1" && parts[2] != "HTTP/1.0" {
-		return Head{}, fmt.Errorf("malformed HTTP request line %q: want METHOD SP TARGET SP HTTP/1.1", truncate(lines[0], 60))
+		return Head{}, fmt.Errorf("malformed HTTP request line %q: want METHOD SP TARGET SP HTTP/1.1", truncate(line, 60))
 	}
 	for _, c := range []byte(parts[1]) {
 		if c <= ' ' || c >= 0x7f {
 			return Head{}, errors.New("malformed HTTP request target")
 		}
 	}
+	if end < 0 {
+		if len(b) >= MaxPeek {
+			return Head{}, fmt.Errorf("HTTP request head longer than %d bytes", MaxPeek)
+		}
+		return Head{}, errNeedMore
+	}
+	var lines []string
+	if end > lineEnd {
+		lines = strings.Split(string(b[lineEnd+2:end]), "\r\n")
+	}
 	h := Head{Method: parts[0], Target: parts[1]}
 	var hosts []string
-	for _, l := range lines[1:] {
+	for _, l := range lines {
 		if l == "" || l[0] == ' ' || l[0] == '\t' {
 			return Head{}, errors.New("malformed HTTP header (obsolete line folding)")
 		}
@@ -475,8 +527,15 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 // whether they are whole. Bytes that start like TLS or HTTP must be read to
 // the end: a server may act on what the proxy could not read, so a
 // malformed one is an error, never "another protocol" (design §8,
-// invariants 10 and 11).
+// invariants 10 and 11). A PROXY protocol header is refused whatever
+// follows it.
 func (c *conn) classify(b []byte) (bool, error) {
+	switch proxy, more := proxyShaped(b); {
+	case more:
+		return false, nil
+	case proxy:
+		return false, errors.New("a PROXY protocol header: a server that accepts one would take the connection for another client's and read a request after it that airlock has not read")
+	}
 	if tlsShaped(b[0]) {
 		h, err := parseClientHello(b)
 		switch {
@@ -515,6 +574,30 @@ func (c *conn) classify(b []byte) (bool, error) {
 	}
 	c.head = &hd
 	return true, nil
+}
+
+// proxyV2Sig starts a PROXY protocol version 2 header.
+const proxyV2Sig = "\r\n\r\n\x00\r\nQUIT\n"
+
+// proxyShaped reports whether b starts with a PROXY protocol header:
+// version 1 ("PROXY" and white space) or version 2 (its signature). more
+// is set while b is a shorter part of one.
+func proxyShaped(b []byte) (shaped, more bool) {
+	for _, sig := range []string{"PROXY", proxyV2Sig} {
+		n := min(len(b), len(sig))
+		switch {
+		case string(b[:n]) != sig[:n]:
+			continue
+		case n < len(sig):
+			return false, true
+		case sig == proxyV2Sig:
+			return true, false
+		case len(b) == n:
+			return false, true
+		}
+		return isLaxSpace(b[n]), false
+	}
+	return false, false
 }
 
 // readable reports whether the first bytes were read as TLS or HTTP.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 )
 
 // clientHello returns the first flight a Go TLS client sends for sni.
@@ -132,6 +133,76 @@ func TestParseHTTPHead(t *testing.T) {
 	}
 }
 
+// classified names what classify makes of b.
+func classified(b []byte) string {
+	var c conn
+	done, err := c.classify(b)
+	switch {
+	case err != nil:
+		return "refused"
+	case !done:
+		return "more"
+	case c.hello != nil:
+		return "TLS"
+	case c.h2c:
+		return "h2c"
+	case c.head != nil:
+		return "HTTP"
+	}
+	return "another protocol"
+}
+
+// TestClassifyFirstBytes: first bytes a lenient server reads as an HTTP
+// request (lenientSpellings) are HTTP read strictly or refused, never
+// another protocol; those of other protocols (otherProtocols) are
+// another protocol. No prefix of them is classified otherwise than the
+// whole: the silent client's first bytes (firstBytes) and every peek go
+// through classify one read at a time.
+func TestClassifyFirstBytes(t *testing.T) {
+	type test struct{ name, in, want string }
+	tests := []test{
+		{"TLS", string(clientHello(t, "allowed.test")), "TLS"},
+		{"h2c", h2cPreface, "h2c"},
+		{"HTTP", "GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", "HTTP"},
+		{"lower-case method", "get / HTTP/1.1\r\nHost: a.test\r\n\r\n", "HTTP"},
+		{"PROPFIND", "PROPFIND / HTTP/1.1\r\nHost: a.test\r\n\r\n", "HTTP"},
+		{"HTTP/1.0 absolute form", "GET http://a.test/ HTTP/1.0\r\n\r\n", "HTTP"},
+		{"HTTP/0.9", "GET /\r\n", "refused"},
+		{"HTTP/0.9 of another method", "HEAD /x\r\n", "refused"},
+		{"version in any case", "GET / hTtP/1.1\r\n\r\n", "refused"},
+		{"version not last", "GET / HTTP/1.1 x\r\n\r\n", "refused"},
+		{"target with a space", "GET /a b HTTP/1.1\r\n\r\n", "refused"},
+		{"version before a bare CR line end", "GET / HTTP/1.1\rHost: evil.test\r\r", "refused"},
+		{"PROXY v1 before SSH", "PROXY TCP4 10.0.0.1 10.0.0.2 1234 22\r\nSSH-2.0-x\r\n", "refused"},
+		{"PROXY v2 before TLS", proxyV2Sig + "\x21\x11\x00\x00" + string(clientHello(t, "evil.test")), "refused"},
+		{"a PROXY-like word", "PROXYING now\r\n", "another protocol"},
+		{"two empty lines, then binary", "\r\n\r\n\x00\x01", "another protocol"},
+		{"one word", "HELLO\r\n", "another protocol"},
+		{"a word, then a control byte", "GET\x00/ HTTP/1.1\r\n\r\n", "another protocol"},
+		{"three words", "GET / FOO\r\n", "another protocol"},
+	}
+	for _, tc := range lenientSpellings {
+		if tc.name != "strict" {
+			tests = append(tests, test{"lenient: " + tc.name, tc.raw, "refused"})
+		}
+	}
+	for _, tc := range otherProtocols {
+		tests = append(tests, test{"other: " + tc.name, tc.raw, "another protocol"})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := classified([]byte(tt.in)); got != tt.want {
+				t.Fatalf("%q: %s, want %s", tt.in, got, tt.want)
+			}
+			for i := 1; i < len(tt.in); i++ {
+				if got := classified([]byte(tt.in[:i])); got != "more" && got != tt.want {
+					t.Fatalf("the first %d bytes %q: %s, want more or %s", i, tt.in[:i], got, tt.want)
+				}
+			}
+		})
+	}
+}
+
 func FuzzClientHello(f *testing.F) {
 	f.Add(clientHello(f, "allowed.test", "h2"))
 	f.Add(clientHello(f, ""))
@@ -155,29 +226,49 @@ func FuzzHTTPHead(f *testing.F) {
 	for _, s := range []string{"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", "GET http://a.test/ HTTP/1.1\r\n\r\n", "CONNECT a:443 HTTP/1.1\r\n\r\n"} {
 		f.Add([]byte(s))
 	}
+	for _, tc := range lenientSpellings {
+		f.Add([]byte(tc.raw))
+	}
+	for _, tc := range otherProtocols {
+		f.Add([]byte(tc.raw))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := parseHTTPHead(b)
 		if err == nil && (strings.ContainsAny(h.Host, "\r\n") || h.Method == "") {
 			t.Fatalf("head %+v from %q", h, b)
 		}
+		// Once the first line is whole, bytes a lenient server reads as a
+		// request line are never "not HTTP", and others always are.
+		if lax, whole := laxRequestLine(b); whole && lax == errors.Is(err, errNotHTTP) {
+			t.Fatalf("%q: %v, but a lenient server reads a request line: %v", b, err, lax)
+		}
 	})
 }
 
-// TestExtSetRepeats: a repeated extension type is found among the first
-// few and among the many beyond them.
-func TestExtSetRepeats(t *testing.T) {
-	var s extSet
-	for typ := range uint16(200) {
-		if !s.add(typ * 7) {
-			t.Fatalf("extension %d taken for a repeat", typ*7)
+// laxRequestLine is the lenient reading httpShaped stands for, written
+// as Python's http.server makes it: past leading white space and empty
+// lines, the first line, decoded as Latin-1, split by str.split() (Go's
+// unicode.IsSpace, and 0x1c-0x1f) is a method of visible ASCII and a later
+// word starting with "HTTP/" (in any case here), or "METHOD target"
+// (HTTP/0.9). whole is false while the first line has no end.
+func laxRequestLine(b []byte) (lax, whole bool) {
+	latin1 := make([]rune, len(b))
+	for i, c := range b {
+		latin1[i] = rune(c)
+	}
+	space := func(r rune) bool { return unicode.IsSpace(r) || 0x1c <= r && r <= 0x1f }
+	line, _, whole := strings.Cut(strings.TrimLeftFunc(string(latin1), space), "\n")
+	if !whole {
+		return false, false
+	}
+	words := strings.FieldsFunc(line, space)
+	if len(words) < 2 || strings.IndexFunc(words[0], func(r rune) bool { return r < '!' || r > '~' }) >= 0 {
+		return false, true
+	}
+	for _, w := range words[1:] {
+		if len(w) >= 5 && strings.EqualFold(w[:5], "HTTP/") {
+			return true, true
 		}
 	}
-	for typ := range uint16(200) {
-		if s.add(typ * 7) {
-			t.Fatalf("repeated extension %d not found", typ*7)
-		}
-	}
-	if !s.add(1) {
-		t.Error("a new extension after many taken for a repeat")
-	}
+	return len(words) == 2 && targetShaped([]byte(words[1])), true
 }
