@@ -524,6 +524,8 @@ func TestSuggest(t *testing.T) {
 		{"a.b.example.co.uk", []string{"a.b.example.co.uk", "a.b.example.co.uk/*", "*.example.co.uk", "*.example.co.uk/*"}},
 		{"storage.googleapis.com", []string{"storage.googleapis.com", "storage.googleapis.com/*", "*.storage.googleapis.com", "*.storage.googleapis.com/*"}},
 		{"com", []string{"com", "com/*"}},
+		{"kawasaki.jp", []string{"kawasaki.jp", "kawasaki.jp/*"}}, // every x.kawasaki.jp is a public suffix
+		{"a.b.x.kawasaki.jp", []string{"a.b.x.kawasaki.jp", "a.b.x.kawasaki.jp/*", "*.b.x.kawasaki.jp", "*.b.x.kawasaki.jp/*"}},
 		{"203.0.113.7", []string{"cidr:203.0.113.7/32"}},
 	}
 	for _, tt := range tests {

@@ -42,6 +42,8 @@ func TestParseCanonical(t *testing.T) {
 		{name: "underscore", in: "_dmarc.example.com", want: "_dmarc.example.com", kind: KindExact},
 		{name: "spaces around", in: "  api.github.com  ", want: "api.github.com", kind: KindExact},
 		{name: "private suffix wildcard", in: "*.github.io", want: "*.github.io", kind: KindWildcard},
+		{name: "wildcard under a public suffix by a wildcard rule", in: "*.example.x.kawasaki.jp", want: "*.example.x.kawasaki.jp", kind: KindWildcard},
+		{name: "wildcard under an exception to a wildcard rule", in: "*.city.kawasaki.jp", want: "*.city.kawasaki.jp", kind: KindWildcard},
 		{name: "host slash star is any path", in: "api.example.com/*", want: "api.example.com/*", kind: KindExact},
 	}
 	for _, tt := range tests {
@@ -81,6 +83,10 @@ func TestParseErrors(t *testing.T) {
 		{name: "public suffix co.uk", in: "*.co.uk", want: "whole public suffix", broad: true},
 		{name: "public suffix any path", in: "*.com/*", want: "whole public suffix", broad: true},
 		{name: "bare tld", in: "*.test", want: "whole public suffix", broad: true},
+		{name: "bare tld with a wildcard rule", in: "*.ck", want: "whole public suffix", broad: true},
+		{name: "public suffix by a wildcard rule", in: "*.x.kawasaki.jp", want: "whole public suffix", broad: true},
+		{name: "every child a public suffix", in: "*.kawasaki.jp", want: "whole public suffixes", broad: true},
+		{name: "every child a public suffix, any path", in: "*.Nagoya.JP/*", want: "whole public suffixes", broad: true},
 		{name: "regex everything", in: "regex:.*", want: "matches unrelated domains", broad: true},
 		{name: "regex every com", in: `regex:.*\.com`, want: "matches unrelated domains", broad: true},
 		{name: "regex any label", in: `regex:[a-z0-9.-]+`, want: "matches unrelated domains", broad: true},
