@@ -318,6 +318,34 @@ func TestGateExfiltrationCap(t *testing.T) {
 	}
 }
 
+// TestGateGuardUnderWildcardPublicSuffixes: under a (forced) rule
+// *.kawasaki.jp, where the public suffix list makes every x.kawasaki.jp a
+// public suffix and so every name one label under it its own registrable
+// domain, the guard checks labels and caps names as under *.example.com.
+func TestGateGuardUnderWildcardPublicSuffixes(t *testing.T) {
+	const limit = 5
+	w := newWorld(t, GuardConfig{MaxSubdomains: limit}, "*.kawasaki.jp", "*.example.com")
+	hex := strings.Repeat("deadbeef", 7) + "0123456" // 63 bytes, hex-looking
+	for _, name := range []string{hex + ".x.example.com.", hex + ".x.kawasaki.jp.", hex + ".kawasaki.jp."} {
+		if r := w.query(t, "udp", name, dns.TypeTXT); r.Rcode != dns.RcodeRefused {
+			t.Errorf("%s: %s, want REFUSED by the guard", name, dns.RcodeToString[r.Rcode])
+		}
+	}
+	// Plain names, each under another x.kawasaki.jp: one cap for all.
+	for i := range 20 {
+		w.query(t, "udp", fmt.Sprintf("host.x%d.kawasaki.jp.", i), dns.TypeTXT)
+	}
+	n := 0
+	for _, q := range w.upstream.Queries() {
+		if strings.HasSuffix(q.Name, "kawasaki.jp") {
+			n++
+		}
+	}
+	if n > limit {
+		t.Errorf("%d names under kawasaki.jp reached the upstream; the cap is %d", n, limit)
+	}
+}
+
 func TestGateSubdomainCapWithPlainNames(t *testing.T) {
 	// Plain, low-entropy names pass the label checks; the distinct-name cap
 	// stops them.

@@ -155,10 +155,7 @@ func (g *Guard) Check(name string) (trip *Trip, ok bool) {
 	if now.Before(st.blockedUntil) {
 		return &Trip{Domain: domain, Name: name, Reason: "new name under a domain blocked after an exfiltration trip", Blocked: true}, false
 	}
-	reason := ""
-	if sub := strings.TrimSuffix(strings.TrimSuffix(name, domain), "."); sub != "" {
-		reason = g.labelReason(sub)
-	}
+	reason := g.labelReason(underDomain(name, domain))
 	if reason == "" {
 		if now.Sub(st.windowStart) >= g.cfg.Window {
 			st.windowStart, st.windowNames = now, make(map[string]struct{})
@@ -233,24 +230,40 @@ func (g *Guard) pruneKnownLocked(st *domainState, now time.Time) {
 }
 
 // icannDomain is the registrable domain of name under the ICANN section of
-// the public suffix list only. Private suffixes (github.io, appspot.com)
-// are one company's namespace but anyone's subdomains: counting under them
-// would give every made-up name its own quota and skip the label checks.
+// the public suffix list, without its wildcard rules; name itself when it
+// is a public suffix. Private suffixes (github.io, appspot.com) are one
+// company's namespace but anyone's subdomains, and each name a wildcard
+// rule makes a public suffix (x.kawasaki.jp under *.kawasaki.jp) is
+// anyone's label: counting under them would give every made-up name its
+// own quota and skip the label checks. So names under github.io count
+// under github.io, and names under x.kawasaki.jp under kawasaki.jp.
 func icannDomain(name string) string {
 	suffix := name
 	for {
 		ps, icann := publicsuffix.PublicSuffix(suffix)
-		if icann || !strings.Contains(ps, ".") {
+		i := strings.IndexByte(ps, '.')
+		if i < 0 || icann && !policy.ChildrenArePublicSuffixes(ps[i+1:]) {
 			suffix = ps
 			break
 		}
-		suffix = ps[strings.IndexByte(ps, '.')+1:] // drop the private label
+		suffix = ps[i+1:] // drop the private or wildcard label
 	}
 	if suffix == name {
 		return name
 	}
 	rest := strings.TrimSuffix(name, "."+suffix)
 	return rest[strings.LastIndexByte(rest, '.')+1:] + "." + suffix
+}
+
+// underDomain is the part of name the label checks look at: the labels
+// under its registrable domain. A name that is itself a registrable domain
+// (example.com) or a public suffix (co.uk) has no such part; all of its
+// labels are checked then, since none is known to be another's choice.
+func underDomain(name, domain string) string {
+	if sub, ok := strings.CutSuffix(name, "."+domain); ok {
+		return sub
+	}
+	return name
 }
 
 // labelReason returns why the labels of a subdomain look like carried data,

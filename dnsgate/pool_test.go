@@ -104,6 +104,24 @@ func TestGuardAlertOnlyAndBlockExpiry(t *testing.T) {
 	}
 }
 
+// TestGuardChecksNamesWithNothingUnderTheirDomain: a name that is itself a
+// registrable domain or a public suffix has all its labels checked.
+func TestGuardChecksNamesWithNothingUnderTheirDomain(t *testing.T) {
+	for _, tt := range []struct{ host, domain, reason string }{
+		{"deadbeef00112233.com", "deadbeef00112233.com", "hex-encoded"},
+		{strings.Repeat("a", 51) + ".co.uk", strings.Repeat("a", 51) + ".co.uk", "label of 51 bytes"},
+		{"mzxw6ytboi2dgnzr.kawasaki.jp", "kawasaki.jp", "base32-encoded"},
+		{"deadbeef00112233.x.kawasaki.jp", "kawasaki.jp", "hex-encoded"},
+		{"q8f7z0x1m2n3b4v5c6k9j8h7", "q8f7z0x1m2n3b4v5c6k9j8h7", "entropy"},
+	} {
+		g, _ := NewGuard(GuardConfig{}, nil)
+		trip, ok := g.Check(tt.host)
+		if ok || trip == nil || !strings.Contains(trip.Reason, tt.reason) || trip.Domain != tt.domain {
+			t.Errorf("Check(%s) = %+v, %v; want a blocking trip under %s for %q", tt.host, trip, ok, tt.domain, tt.reason)
+		}
+	}
+}
+
 func TestGuardConfigValidation(t *testing.T) {
 	for _, c := range []GuardConfig{{MaxLabelLen: 64}, {MaxSubdomains: -1}, {Window: -time.Second}, {MaxEntropy: -1}} {
 		if _, err := NewGuard(c, nil); err == nil {
@@ -120,6 +138,16 @@ func TestGuardCountsUnderICANNDomains(t *testing.T) {
 		{"data-carrier.github.io", "github.io"},
 		{"a.b.storage.googleapis.com", "googleapis.com"},
 		{"test", "test"},
+		{"co.uk", "co.uk"},
+		// *.kawasaki.jp makes each x.kawasaki.jp a public suffix: anyone's
+		// label, so names under it count under kawasaki.jp; not so under
+		// the exception !city.kawasaki.jp.
+		{"a.b.x.kawasaki.jp", "kawasaki.jp"},
+		{"b.x.kawasaki.jp", "kawasaki.jp"},
+		{"x.kawasaki.jp", "kawasaki.jp"},
+		{"kawasaki.jp", "kawasaki.jp"},
+		{"a.b.city.kawasaki.jp", "city.kawasaki.jp"},
+		{"a.b.ck", "b.ck"},
 	}
 	for _, tt := range tests {
 		if got := icannDomain(tt.name); got != tt.want {

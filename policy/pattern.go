@@ -279,7 +279,7 @@ func (p *Pattern) parseHost(s string, opts ParseOptions) error {
 		case opts.Force:
 		case isPublicSuffix(suffix):
 			return fmt.Errorf("%w: %q covers the whole public suffix %q; name a registrable domain such as *.example.%s, or force it", ErrBroad, host, suffix, suffix)
-		case childrenArePublicSuffixes(suffix):
+		case ChildrenArePublicSuffixes(suffix):
 			return fmt.Errorf("%w: %q covers whole public suffixes: the public suffix list makes every name under %s one (such as x.%s); name a registrable domain such as *.example.x.%s, or force it", ErrBroad, host, suffix, suffix, suffix)
 		}
 		return nil
@@ -443,12 +443,12 @@ func isPublicSuffix(suffix string) bool {
 	return icann && ps == suffix
 }
 
-// childrenArePublicSuffixes reports whether the public suffix list makes
+// ChildrenArePublicSuffixes reports whether the public suffix list makes
 // every name one label under suffix an ICANN public suffix, by a wildcard
 // rule (*.kawasaki.jp, *.nagoya.jp): "*.suffix" then covers whole public
 // suffixes, as *.co.uk does. A label made up for the purpose stands for
 // any: the list's exceptions (!city.kawasaki.jp) name only a few.
-func childrenArePublicSuffixes(suffix string) bool {
+func ChildrenArePublicSuffixes(suffix string) bool {
 	probe := "airlock-probe-k3." + suffix
 	ps, icann := publicsuffix.PublicSuffix(probe)
 	return icann && ps == probe

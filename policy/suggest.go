@@ -33,7 +33,7 @@ func Suggest(host string) ([]Suggestion, error) {
 		{Pattern: h + "/*", Label: "any path on " + h},
 	}
 	reg, err := publicsuffix.EffectiveTLDPlusOne(h)
-	if err != nil || isPublicSuffix(reg) || childrenArePublicSuffixes(reg) {
+	if err != nil || isPublicSuffix(reg) || ChildrenArePublicSuffixes(reg) {
 		return out, nil
 	}
 	return append(out,
