@@ -155,7 +155,13 @@ func (g *Guard) Check(name string) (trip *Trip, ok bool) {
 	if now.Before(st.blockedUntil) {
 		return &Trip{Domain: domain, Name: name, Reason: "new name under a domain blocked after an exfiltration trip", Blocked: true}, false
 	}
-	reason := g.labelReason(underDomain(name, domain))
+	// A name with nothing under its registrable domain (example.com) is
+	// not checked: its queries go to the servers of its public suffix,
+	// never to one a member chose, and registrable names are often long.
+	reason := ""
+	if sub, ok := strings.CutSuffix(name, "."+domain); ok {
+		reason = g.labelReason(sub)
+	}
 	if reason == "" {
 		if now.Sub(st.windowStart) >= g.cfg.Window {
 			st.windowStart, st.windowNames = now, make(map[string]struct{})
@@ -253,17 +259,6 @@ func icannDomain(name string) string {
 	}
 	rest := strings.TrimSuffix(name, "."+suffix)
 	return rest[strings.LastIndexByte(rest, '.')+1:] + "." + suffix
-}
-
-// underDomain is the part of name the label checks look at: the labels
-// under its registrable domain. A name that is itself a registrable domain
-// (example.com) or a public suffix (co.uk) has no such part; all of its
-// labels are checked then, since none is known to be another's choice.
-func underDomain(name, domain string) string {
-	if sub, ok := strings.CutSuffix(name, "."+domain); ok {
-		return sub
-	}
-	return name
 }
 
 // labelReason returns why the labels of a subdomain look like carried data,
