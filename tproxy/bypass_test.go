@@ -738,28 +738,7 @@ var lenientSpellings = []struct{ name, raw string }{
 // another host made of them never reaches the upstream of the allowed
 // host the connection was made to.
 func TestLenientHTTPOnOtherPortsIsParsedOrRefused(t *testing.T) {
-	srv := startLenientHTTP(t)
-	port := uint16(srv.ln.Addr().(*net.TCPAddr).Port)
-	if isWebPort(port) {
-		t.Skip("ephemeral port is a web port")
-	}
-	for _, tc := range lenientSpellings {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, nil, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), nil)
-			_, before := srv.seen()
-			c := h.connect(t, 5*time.Second)
-			io.WriteString(c, tc.raw)
-			io.Copy(io.Discard, c)
-			c.Close()
-			waitRecords(t, h, 1)
-			if r := h.Records()[0]; r.Verdict != policy.Deny {
-				t.Errorf("record %+v, want a refusal", r)
-			}
-			if _, hosts := srv.seen(); len(hosts) > len(before) {
-				t.Errorf("the upstream acted on a request for %q on a connection decided for allowed.test", hosts[len(before):])
-			}
-		})
-	}
+	checkLenientRefused(t, false)
 }
 
 // TestLenientHTTPAfterSilenceIsRefused: a client silent past the sniff
@@ -767,6 +746,13 @@ func TestLenientHTTPOnOtherPortsIsParsedOrRefused(t *testing.T) {
 // before anything reaches the upstream (firstBytes classifies as peek
 // does).
 func TestLenientHTTPAfterSilenceIsRefused(t *testing.T) {
+	checkLenientRefused(t, true)
+}
+
+// checkLenientRefused sends each of lenientSpellings on a connection to an
+// allowed host on a port other than the web's, at once or after the sniff
+// window (silent), and checks it is refused before the upstream acts on it.
+func checkLenientRefused(t *testing.T, silent bool) {
 	srv := startLenientHTTP(t)
 	port := uint16(srv.ln.Addr().(*net.TCPAddr).Port)
 	if isWebPort(port) {
@@ -774,12 +760,16 @@ func TestLenientHTTPAfterSilenceIsRefused(t *testing.T) {
 	}
 	for _, tc := range lenientSpellings {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, nil, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), func(c *Config) {
-				c.SniffTimeout = 20 * time.Millisecond
-			})
+			var tune func(*Config)
+			if silent {
+				tune = func(c *Config) { c.SniffTimeout = 20 * time.Millisecond }
+			}
+			h := newHarness(t, nil, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), tune)
 			accepted, before := srv.seen()
 			c := h.connect(t, 5*time.Second)
-			testenv.WaitFor(t, 5*time.Second, "the proxy to end the sniff window and dial the upstream", func() bool { n, _ := srv.seen(); return n > accepted })
+			if silent {
+				testenv.WaitFor(t, 5*time.Second, "the proxy to end the sniff window and dial the upstream", func() bool { n, _ := srv.seen(); return n > accepted })
+			}
 			io.WriteString(c, tc.raw)
 			io.Copy(io.Discard, c)
 			c.Close()

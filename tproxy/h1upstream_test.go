@@ -384,6 +384,15 @@ func TestBumpAnswerBeforeTheBodyEnds(t *testing.T) {
 // intercepting it.
 func rawTLSUpstream(t *testing.T, handle func(c net.Conn, br *bufio.Reader, r *http.Request)) (*upstream, func() (*tls.Conn, *bufio.Reader)) {
 	t.Helper()
+	up := serveRawTLS(t, handle)
+	h, roots := apiHarness(t, up)
+	return up, dialAPI(t, h, roots)
+}
+
+// serveRawTLS serves HTTPS (HTTP/1.1 only) for api.allowed.test, handing
+// each connection's first request to handle.
+func serveRawTLS(t *testing.T, handle func(c net.Conn, br *bufio.Reader, r *http.Request)) *upstream {
+	t.Helper()
 	up, ln := tlsUpstream(t)
 	t.Cleanup(func() { ln.Close() })
 	go func() {
@@ -403,8 +412,7 @@ func rawTLSUpstream(t *testing.T, handle func(c net.Conn, br *bufio.Reader, r *h
 			}()
 		}
 	}()
-	h, roots := apiHarness(t, up)
-	return up, dialAPI(t, h, roots)
+	return up
 }
 
 // TestBumpUpgradeWithBodyPassesHalfClose: a WebSocket upgrade that
@@ -513,29 +521,13 @@ func TestBumpUpgradeToAnotherProtocolIsClosed(t *testing.T) {
 // refuse) is neither forwarded nor decided unrecorded, and the record's
 // request bytes are the bytes the upstream received.
 func TestBumpNothingForwardedAfterTheRecord(t *testing.T) {
-	up, ln := tlsUpstream(t)
-	t.Cleanup(func() { ln.Close() })
 	received := make(chan string, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				r, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly")
-				c.SetReadDeadline(time.Now().Add(5 * time.Second))
-				b, _ := io.ReadAll(r.Body)
-				received <- string(b)
-			}()
-		}
-	}()
+	up := serveRawTLS(t, func(c net.Conn, _ *bufio.Reader, r *http.Request) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nearly")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, _ := io.ReadAll(r.Body)
+		received <- string(b)
+	})
 	records := make(chan RequestRecord, 4)
 	port := up.httpsPort
 	h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port),
