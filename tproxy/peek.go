@@ -243,56 +243,83 @@ func parseH2CPreface(b []byte) (bool, error) {
 // httpShaped reports whether b starts like an HTTP/1.x request under the
 // most lenient reading a server makes of one (design §8, invariant 10),
 // so that bytes a server could act on as a request are never carried as
-// another protocol. That is: after any white space and empty lines (RFC
-// 9112 §2.2 lets a server skip empty lines; Python's http.server skips
-// white space), a method (a word of visible ASCII), white space, and a
-// first line with a later word that starts with "HTTP/" (any case), or of
-// two words the second of which is a request target ("GET /", HTTP/0.9).
-// White space is any byte a server may split the line on (isLaxSpace);
-// the line ends at LF. more is set while the answer depends on bytes yet
-// to come. Bytes shaped so are then read strictly (parseHTTPHead).
+// another protocol. After any white space and empty lines (RFC 9112 §2.2
+// lets a server skip empty lines; Python's http.server skips white space),
+// a whole first line is one if a word after its first starts with "HTTP/"
+// (any case), whatever the first (Werkzeug hands any word to the
+// application as the method, a byte-order mark or control bytes
+// included), or if it is "GET" and one more word (HTTP/0.9, which Python
+// and nginx take for GET only). White space is any byte a server may
+// split the line on (isLaxSpace); the line ends at LF. Bytes shaped so
+// are then read strictly (parseHTTPHead).
+//
+// Before its line end has come, a line is waited for (more) only while it
+// reads as a method of visible ASCII, white space and words without
+// control bytes: other protocols (git's pkt-lines, binary ones) send no
+// line end and wait for an answer. So a request line whose method holds
+// other bytes, or whose words hold control bytes, and that a client sends
+// in pieces, pausing before its end, is carried (docs/security.md says so).
 func httpShaped(b []byte) (shaped, more bool) {
 	i := 0
 	for i < len(b) && (isLaxSpace(b[i]) || b[i] == '\n') {
 		i++
 	}
-	start := i
-	for i < len(b) && '!' <= b[i] && b[i] <= '~' {
-		i++
+	if i == len(b) {
+		return false, true // blanks so far
+	}
+	line := b[i:]
+	if end := bytes.IndexByte(line, '\n'); end >= 0 {
+		return requestLine(line[:end]), false
+	}
+	// Not whole: wait only for what reads as a request line so far.
+	m := 0
+	for m < len(line) && '!' <= line[m] && line[m] <= '~' {
+		m++
 	}
 	switch {
-	case i == len(b):
-		return false, true // blanks, or a method so far
-	case i == start, !isLaxSpace(b[i]):
-		return false, false // no method, or one followed by a control byte or a line end
+	case m == len(line):
+		return false, true // a method so far
+	case m == 0, !isLaxSpace(line[m]):
+		return false, false
 	}
-	words := 1
-	var second []byte
-	for {
-		for i < len(b) && isLaxSpace(b[i]) {
+	for _, c := range line[m:] {
+		if c < ' ' && !isLaxSpace(c) || c == 0x7f {
+			return false, false
+		}
+	}
+	if requestLine(line) {
+		return true, false // a version word already: HTTP whatever follows
+	}
+	return false, true
+}
+
+// requestLine reports whether a first line (without its LF) is a request
+// line under the most lenient reading: a word after the first that starts
+// with "HTTP/", or "GET" and one more word.
+func requestLine(line []byte) bool {
+	words := 0
+	first := []byte(nil)
+	for i := 0; i < len(line); {
+		for i < len(line) && isLaxSpace(line[i]) {
 			i++
 		}
-		if i == len(b) {
-			return false, true
-		}
-		if b[i] == '\n' {
-			return words == 2 && targetShaped(second), false
+		if i == len(line) {
+			break
 		}
 		w := i
-		for i < len(b) && b[i] != '\n' && !isLaxSpace(b[i]) {
+		for i < len(line) && !isLaxSpace(line[i]) {
 			i++
 		}
-		word := b[w:i]
-		if words++; words == 2 {
-			second = word
+		word := line[w:i]
+		if words++; words == 1 {
+			first = word
+			continue
 		}
 		if len(word) >= 5 && strings.EqualFold(string(word[:5]), "HTTP/") {
-			return true, false
-		}
-		if i == len(b) {
-			return false, true // the line is not whole
+			return true
 		}
 	}
+	return words == 2 && string(first) == "GET"
 }
 
 // isLaxSpace reports a byte some server splits a request line on: SP and
@@ -306,13 +333,6 @@ func isLaxSpace(c byte) bool {
 		return true
 	}
 	return false
-}
-
-// targetShaped reports a word that reads as a request target in origin
-// form ("/x") or absolute form ("http://host/x"): the second word of an
-// HTTP/0.9 request line, which has no version.
-func targetShaped(w []byte) bool {
-	return len(w) > 0 && w[0] == '/' || bytes.Contains(w, []byte("://"))
 }
 
 // parseHTTPHead reads an HTTP/1.x request head. It returns errNeedMore until
@@ -464,6 +484,9 @@ func truncate(s string, n int) string {
 // HTTP request head, are neither, or MaxPeek is reached. With optional set,
 // a client that sends nothing within wait is fine (a server-first protocol);
 // otherwise silence is an error.
+// errClientSilent is peek's error for a client that sent nothing in time.
+var errClientSilent = errors.New("client sent nothing")
+
 func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 	bp, _ := p.peekBufs.Get().(*[]byte)
 	if bp == nil {
@@ -508,7 +531,7 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 					break
 				}
 				if n == 0 {
-					return fmt.Errorf("client sent nothing within %s", wait)
+					return fmt.Errorf("%w within %s", errClientSilent, wait)
 				}
 				return fmt.Errorf("client stalled after %d bytes", n)
 			}

@@ -168,7 +168,16 @@ func TestClassifyFirstBytes(t *testing.T) {
 		{"PROPFIND", "PROPFIND / HTTP/1.1\r\nHost: a.test\r\n\r\n", "HTTP"},
 		{"HTTP/1.0 absolute form", "GET http://a.test/ HTTP/1.0\r\n\r\n", "HTTP"},
 		{"HTTP/0.9", "GET /\r\n", "refused"},
-		{"HTTP/0.9 of another method", "HEAD /x\r\n", "refused"},
+		{"HTTP/0.9 of another method", "HEAD /x\r\n", "another protocol"},
+		{"HTTP/0.9, any target", "GET x\r\nHost: evil.test\r\n\r\n", "refused"},
+		{"HTTP/0.9, a star", "GET *\r\n", "refused"},
+		{"a byte-order mark before the method", "\xef\xbb\xbfGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n", "refused"},
+		{"a control byte before the method", "\x01GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n", "refused"},
+		{"DEL as the method", "\x7f / HTTP/1.1\r\n\r\n", "refused"},
+		{"a byte outside ASCII in the method", "G\x80ET / HTTP/1.1\r\n\r\n", "refused"},
+		{"memcached, a URL for a key", "get http://www.example.com/page\r\n", "another protocol"},
+		{"memcached delete of a path", "delete /sessions/42\r\n", "another protocol"},
+		{"FTP USER of a path", "USER /alice\r\n", "another protocol"},
 		{"version in any case", "GET / hTtP/1.1\r\n\r\n", "refused"},
 		{"version not last", "GET / HTTP/1.1 x\r\n\r\n", "refused"},
 		{"target with a space", "GET /a b HTTP/1.1\r\n\r\n", "refused"},
@@ -178,7 +187,7 @@ func TestClassifyFirstBytes(t *testing.T) {
 		{"a PROXY-like word", "PROXYING now\r\n", "another protocol"},
 		{"two empty lines, then binary", "\r\n\r\n\x00\x01", "another protocol"},
 		{"one word", "HELLO\r\n", "another protocol"},
-		{"a word, then a control byte", "GET\x00/ HTTP/1.1\r\n\r\n", "another protocol"},
+		{"a word, then a control byte", "GET\x00/ HTTP/1.1\r\n\r\n", "refused"},
 		{"three words", "GET / FOO\r\n", "another protocol"},
 	}
 	for _, tc := range lenientSpellings {
@@ -195,7 +204,14 @@ func TestClassifyFirstBytes(t *testing.T) {
 				t.Fatalf("%q: %s, want %s", tt.in, got, tt.want)
 			}
 			for i := 1; i < len(tt.in); i++ {
-				if got := classified([]byte(tt.in[:i])); got != "more" && got != tt.want {
+				got := classified([]byte(tt.in[:i]))
+				if got == "another protocol" && exoticLine(tt.in[:i]) {
+					// Before its line end, a line whose method is not
+					// visible ASCII or whose words hold control bytes is
+					// not waited for (httpShaped; docs/security.md).
+					continue
+				}
+				if got != "more" && got != tt.want {
 					t.Fatalf("the first %d bytes %q: %s, want more or %s", i, tt.in[:i], got, tt.want)
 				}
 			}
@@ -245,12 +261,28 @@ func FuzzHTTPHead(f *testing.F) {
 	})
 }
 
+// exoticLine reports bytes without a line end that hold, past leading
+// blanks, a byte outside visible ASCII other than white space.
+func exoticLine(s string) bool {
+	s = strings.TrimLeftFunc(s, func(r rune) bool { return r < 0x80 && (isLaxSpace(byte(r)) || r == '\n') })
+	if strings.Contains(s, "\n") {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '!' || c > '~') && !isLaxSpace(c) {
+			return true
+		}
+	}
+	return false
+}
+
 // laxRequestLine is the lenient reading httpShaped stands for, written
 // as Python's http.server makes it: past leading white space and empty
 // lines, the first line, decoded as Latin-1, split by str.split() (Go's
-// unicode.IsSpace, and 0x1c-0x1f) is a method of visible ASCII and a later
-// word starting with "HTTP/" (in any case here), or "METHOD target"
-// (HTTP/0.9). whole is false while the first line has no end.
+// unicode.IsSpace, and 0x1c-0x1f) is any first word (Werkzeug takes any
+// for the method) and a later word starting with "HTTP/" (in any case
+// here), or "GET target" (HTTP/0.9, GET only). whole is false while the
+// first line has no end.
 func laxRequestLine(b []byte) (lax, whole bool) {
 	latin1 := make([]rune, len(b))
 	for i, c := range b {
@@ -262,7 +294,7 @@ func laxRequestLine(b []byte) (lax, whole bool) {
 		return false, false
 	}
 	words := strings.FieldsFunc(line, space)
-	if len(words) < 2 || strings.IndexFunc(words[0], func(r rune) bool { return r < '!' || r > '~' }) >= 0 {
+	if len(words) < 2 {
 		return false, true
 	}
 	for _, w := range words[1:] {
@@ -270,5 +302,5 @@ func laxRequestLine(b []byte) (lax, whole bool) {
 			return true, true
 		}
 	}
-	return len(words) == 2 && targetShaped([]byte(words[1])), true
+	return len(words) == 2 && words[0] == "GET", true
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -710,18 +711,19 @@ func (p *Proxy) janitor() {
 	}
 }
 
-// idle returns how long a socket has neither sent nor received data.
+// idle returns how long a socket has neither sent nor received data; for
+// one it cannot ask (closed), forever.
 func idle(c *net.TCPConn) time.Duration {
+	const forever = time.Duration(math.MaxInt64)
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return 0
+		return forever
 	}
 	var info *unix.TCPInfo
-	rc.Control(func(fd uintptr) {
+	if rc.Control(func(fd uintptr) {
 		info, _ = unix.GetsockoptTCPInfo(int(fd), unix.SOL_TCP, unix.TCP_INFO)
-	})
-	if info == nil {
-		return 0
+	}) != nil || info == nil {
+		return forever
 	}
 	ms := min(info.Last_data_recv, info.Last_data_sent)
 	return time.Duration(ms) * time.Millisecond

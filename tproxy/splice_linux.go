@@ -209,7 +209,7 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 		nowait.CloseWrite(clientRC)
 	}()
 	if c.silent {
-		if err := p.firstBytes(c, name, inspect); err != nil {
+		if err := p.firstBytes(c, up, name, inspect); err != nil {
 			c.rec.Verdict, c.rec.Reason, c.rec.Close = policy.Deny, err.Error(), "reset"
 			c.client.SetLinger(0)
 			c.client.Close()
@@ -252,11 +252,25 @@ func (p *Proxy) splice(c *conn, up *net.TCPConn, name string, inspect bool) {
 
 // firstBytes checks the first bytes of a client that was silent in the
 // sniff window, before they go upstream: TLS or HTTP that starts late gets
-// the same scrutiny as TLS or HTTP that starts at once.
-func (p *Proxy) firstBytes(c *conn, name string, inspect bool) error {
+// the same scrutiny as TLS or HTTP that starts at once. The client may stay
+// silent while the upstream sends (a feed): only a connection idle both
+// ways for IdleTimeout is cut, as the janitor cuts spliced ones.
+func (p *Proxy) firstBytes(c *conn, up *net.TCPConn, name string, inspect bool) error {
 	c.silent = false
-	if err := p.peek(c, p.cfg.IdleTimeout, false); err != nil {
-		return err
+	wait := p.cfg.IdleTimeout
+	for {
+		err := p.peek(c, wait, false)
+		if !errors.Is(err, errClientSilent) {
+			if err != nil {
+				return err
+			}
+			break
+		}
+		quiet := idle(up)
+		if quiet >= p.cfg.IdleTimeout {
+			return err
+		}
+		wait = p.cfg.IdleTimeout - quiet
 	}
 	switch {
 	case !c.readable() && isWebPort(c.rec.Port):
