@@ -65,6 +65,8 @@ type Sandbox struct {
 	// DefaultLearnFor after learn mode without one was put in force;
 	// zero when the sandbox is not in learn mode.
 	learnUntil time.Time
+	// written is the spec the last edit of the file wrote (writeHooks.wrote).
+	written *Spec
 }
 
 // OpenSandbox loads the sandbox's policy file. An invalid file is an error
@@ -104,8 +106,9 @@ func (s *Sandbox) pinLearnLocked() {
 	if err := setSettings(s.path, Settings{LearnUntil: &until}, s.diskHooksLocked()); err != nil {
 		return
 	}
-	if spec, err := loadOrDefault(s.path); err == nil {
-		s.setLocked(spec, s.session)
+	if s.written != nil {
+		s.setLocked(s.written, s.session)
+		s.written = nil
 	}
 }
 
@@ -354,7 +357,7 @@ func (s *Sandbox) Add(req AddRequest) (*Rule, error) {
 	}
 	// Saving a session rule to the project replaces the session copy.
 	session := slices.DeleteFunc(slices.Clone(s.session), func(x *Rule) bool { return x.ID == r.ID })
-	return r, s.reloadLocked(session)
+	return r, s.editedLocked(session)
 }
 
 // Remove deletes the user or session rule with this ID and returns it. A
@@ -396,7 +399,7 @@ func (s *Sandbox) Remove(id string) (*Rule, error) {
 	if err != nil {
 		return nil, s.fileError(err)
 	}
-	return removed, s.reloadLocked(s.session)
+	return removed, s.editedLocked(s.session)
 }
 
 // Reload re-reads the policy file and puts it in force, whatever it says:
@@ -446,12 +449,32 @@ func (s *Sandbox) ReloadRestricting() error {
 // asking. The check runs on the file as the edit reads it, under its lock.
 func (s *Sandbox) diskHooksLocked() writeHooks {
 	inForce := s.spec
-	return writeHooks{check: func(disk *Spec) error {
-		if why := Widens(inForce, disk); len(why) > 0 {
-			return &WidensError{Sandbox: s.name, Path: s.path, Reasons: why}
-		}
-		return nil
-	}}
+	s.written = nil
+	return writeHooks{
+		check: func(disk *Spec) error {
+			if why := Widens(inForce, disk); len(why) > 0 {
+				return &WidensError{Sandbox: s.name, Path: s.path, Reasons: why}
+			}
+			return nil
+		},
+		wrote: func(spec *Spec) { s.written = spec },
+	}
+}
+
+// editedLocked puts in force what the sandbox's own edit wrote (see
+// writeHooks.wrote), with session rules session; an edit that changed
+// nothing leaves the spec in force as it is. It never reads the file: a
+// member that renamed its own file over the policy file after the edit
+// would have it put in force past the widening check.
+func (s *Sandbox) editedLocked(session []*Rule) error {
+	spec := s.written
+	s.written = nil
+	if spec == nil {
+		spec = s.spec
+	}
+	s.setLocked(spec, session)
+	s.pinLearnLocked()
+	return nil
 }
 
 // fileError names the sandbox in an error of an edit of its policy file; a
@@ -523,7 +546,7 @@ func (s *Sandbox) SetSettings(set Settings) (Spec, error) {
 	s.mu.Lock()
 	err := setSettings(s.path, set, s.diskHooksLocked())
 	if err == nil {
-		err = s.reloadLocked(s.session)
+		err = s.editedLocked(s.session)
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -587,5 +610,5 @@ func (s *Sandbox) Replace(req ReplaceRequest) (old, repl *Rule, err error) {
 	if _, err := replaceRule(s.path, cur.List, cur.ID, nr, s.diskHooksLocked()); err != nil {
 		return nil, nil, s.fileError(err)
 	}
-	return cur, nr, s.reloadLocked(s.session)
+	return cur, nr, s.editedLocked(s.session)
 }

@@ -234,6 +234,11 @@ type writeHooks struct {
 	// beforeRename runs once the new content is written and synced to the
 	// temporary file tmp, before tmp replaces the policy file.
 	beforeRename func(tmp string) error
+	// wrote, when set, is handed the spec of the content written, once it
+	// has replaced the policy file: what a sandbox puts in force after its
+	// own edit. (Reading the file again would put in force whatever a
+	// member renamed over it meanwhile, past the widening check.)
+	wrote func(*Spec)
 }
 
 // editFile locks the policy file at path, reads and parses it fresh, and
@@ -277,7 +282,17 @@ func editFile(path string, hooks writeHooks, edit func(t *policyText, root *yaml
 	if err != nil || out == nil {
 		return err
 	}
-	return writeAtomic(path, out, info, hooks)
+	written, err := ParseSpec(path, out)
+	if err != nil {
+		return fmt.Errorf("the edit of %s would not read back: %w", path, err)
+	}
+	if err := writeAtomic(path, out, info, hooks); err != nil {
+		return err
+	}
+	if hooks.wrote != nil {
+		hooks.wrote(written)
+	}
+	return nil
 }
 
 // writeAtomic replaces the file at path with data: a temporary file in the
