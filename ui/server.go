@@ -101,6 +101,10 @@ type Config struct {
 	// Exposures opens and closes exposures of members' ports; nil means
 	// the exposure routes answer 503.
 	Exposures Exposer
+	// MCPIdleTimeout closes an MCP session (of /mcp) that has had no
+	// request for this long: a client that went away without ending its
+	// session leaves nothing behind for longer. 0 means DefaultMCPIdleTimeout.
+	MCPIdleTimeout time.Duration
 	// Registry receives the metrics served at /metrics; nil means none.
 	Registry *prometheus.Registry
 	// Logger; nil means slog.Default().

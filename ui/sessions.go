@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -28,6 +29,9 @@ type SessionTable interface {
 // carry uploads: base64 of sess.MaxUploadTotal and the JSON around it.
 const MaxSessionBody = sess.MaxUploadTotal/3*4 + 1<<20
 
+// DefaultMCPIdleTimeout is Config.MCPIdleTimeout's default.
+const DefaultMCPIdleTimeout = 30 * time.Minute
+
 // DefaultMCPSandbox is the sandbox /mcp serves; /mcp/NAME serves NAME.
 const DefaultMCPSandbox = "default"
 
@@ -37,8 +41,13 @@ func (s *Server) sessionRoutes(e *echo.Echo, sb *echo.Group) {
 	sb.GET("/sessions/:id", s.getSession)
 	sb.POST("/sessions/:id/files", s.sessionFiles)
 	sb.DELETE("/sessions/:id", s.cleanupSession)
+	idle := s.cfg.MCPIdleTimeout
+	if idle <= 0 {
+		idle = DefaultMCPIdleTimeout
+	}
 	h := echo.WrapHandler(mcp.NewStreamableHTTPHandler(s.mcpServer, &mcp.StreamableHTTPOptions{
 		MaxRequestBodyBytes: MaxSessionBody,
+		SessionTimeout:      idle,
 		Logger:              s.log,
 	}))
 	for _, p := range []string{"/mcp", "/mcp/:sb"} {
