@@ -82,6 +82,15 @@ func decodeUploads(files []UploadFile) ([]decoded, error) {
 		}
 		out = append(out, decoded{p, data})
 	}
+	// A file and another under it ("new" and "new/x") cannot both be
+	// written: refused here, before anything is.
+	for i := range out {
+		for j := range out {
+			if strings.HasPrefix(out[j].path, out[i].path+"/") {
+				return nil, errorf(BadInput, "files: %q is given as a file and as a directory of %q", out[i].path, out[j].path)
+			}
+		}
+	}
 	return out, nil
 }
 

@@ -1,6 +1,8 @@
 package session
 
 import (
+	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -96,4 +98,28 @@ func TestSnapshotBounded(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestRefusedUploadChangesNothing: uploads that name a file and a file
+// under it ("new" and "new/x") are refused before any is written, so a
+// file of the session the same request names keeps its content.
+func TestRefusedUploadChangesNothing(t *testing.T) {
+	m, _ := newManager(t, t.TempDir(), settings())
+	ctx := context.Background()
+	res, err := m.Execute(ctx, ExecuteRequest{Task: "write notes.txt the agent's work", UserID: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.Execute(ctx, ExecuteRequest{Task: "say x", UserID: "alice", SessionID: res.SessionID,
+		Files: []UploadFile{{Path: "notes.txt", Content: b64("clobbered")}, {Path: "new", Content: b64("y")}, {Path: "new/x", Content: b64("y")}}})
+	if kindOf(err) != BadInput {
+		t.Fatalf("err %v, want a BadInput refusal", err)
+	}
+	got, err := m.Files(ctx, FilesRequest{SessionID: res.SessionID, Paths: []string{"notes.txt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := base64.StdEncoding.DecodeString(got.Files[0].Content); string(b) != "the agent's work" {
+		t.Errorf("the refused request (%v) changed notes.txt to %q", err, b)
+	}
 }
