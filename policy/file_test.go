@@ -797,6 +797,89 @@ func TestEditRefusesSymlinkedLock(t *testing.T) {
 	}
 }
 
+// TestEditRefusesReplacedDirectory: O_NOFOLLOW guards the last component
+// only. A member moves the policy file's directory aside and puts a link
+// to another sandbox's project in its place: a rule saved for this sandbox
+// must not land in the other one's policy file, nor a lock file be created
+// there. The save fails, saying why, and changes nothing.
+func TestEditRefusesReplacedDirectory(t *testing.T) {
+	const content = "sandbox:\n  enabled: true\n  unknown_action: deny\n"
+	base := t.TempDir()
+	conf := filepath.Join(base, "proj", "conf")
+	other := filepath.Join(base, "other")
+	for _, d := range []string{conf, other} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(conf, "app.yaml")
+	otherPath := filepath.Join(other, "app.yaml")
+	for _, p := range []string{path, otherPath} {
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := OpenSandbox(SandboxConfig{Name: "a", Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(conf, conf+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, conf); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Add(AddRequest{Pattern: "approved-for-a.example.com", List: Allowlist, Persist: true})
+	if err == nil || !strings.Contains(err.Error(), "no longer the directory it was") {
+		t.Errorf("Add through a replaced directory: error = %v, want one that says the directory was replaced", err)
+	}
+	if got, _ := os.ReadFile(otherPath); string(got) != content {
+		t.Errorf("a rule saved for sandbox a was written into %s:\n%s", otherPath, got)
+	}
+	if _, err := os.Lstat(otherPath + ".lock"); err == nil {
+		t.Errorf("a lock file was created in %s", other)
+	}
+	if got, _ := os.ReadFile(filepath.Join(conf+".old", "app.yaml")); string(got) != content {
+		t.Errorf("the moved policy file changed:\n%s", got)
+	}
+}
+
+// TestEditNeverOpensLockThatIsNotRegular: a member makes PATH.lock a named
+// pipe (or, with CAP_MKNOD, a device such as a watchdog). The edit refuses
+// it without opening it: a reader of the pipe is not woken.
+func TestEditNeverOpensLockThatIsNotRegular(t *testing.T) {
+	path, orig := copyFixture(t, "app.yaml")
+	if err := syscall.Mkfifo(path+".lock", 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan struct{})
+	go func() {
+		// The member's reader blocks until the pipe is opened for writing.
+		if f, err := os.OpenFile(path+".lock", os.O_RDONLY, 0); err == nil {
+			close(opened)
+			f.Close()
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	err := AddRule(path, newUserRule(t, Allowlist, "api.example.org", "", "", time.Time{}, false))
+	if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("AddRule with a pipe for a lock file: %v, want it refused", err)
+	}
+	select {
+	case <-opened:
+		t.Errorf("the edit opened the pipe %s.lock before refusing it", path)
+	case <-time.After(200 * time.Millisecond):
+		// Let the reader go.
+		if f, err := os.OpenFile(path+".lock", os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			<-opened
+			f.Close()
+		}
+	}
+	if got := readText(t, path); got != string(orig) {
+		t.Errorf("the policy file changed")
+	}
+}
+
 // TestEditLockHeldElsewhere: a lock file held by another process (a
 // sandbox member can write the project) fails the edit after lockWait,
 // saying so, and changes nothing; a lock file that is not a regular file

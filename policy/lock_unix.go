@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -22,28 +23,28 @@ var lockWait = 5 * time.Second
 // so that only other processes' holds count against lockWait.
 var pathLocks sync.Map
 
-// lockFile takes an exclusive flock(2) on the file at path, creating it,
-// and returns the function that releases the lock. The lock file is never
-// removed: deleting it while another process waits on it would let two
-// editors in at once. A lock another process holds for longer than
-// lockWait is an error.
-func lockFile(path string) (unlock func(), err error) {
-	mu, _ := pathLocks.LoadOrStore(path, new(sync.Mutex))
+// lockFile takes an exclusive flock(2) on the file name in d (PATH.lock),
+// creating it, and returns the function that releases the lock. The lock
+// file is never removed: deleting it while another process waits on it
+// would let two editors in at once. A lock another process holds for
+// longer than lockWait is an error.
+func lockFile(d *editDir, name string) (unlock func(), err error) {
+	path := filepath.Join(filepath.Dir(d.path), name)
+	mu, _ := pathLocks.LoadOrStore(filepath.Join(d.real, name), new(sync.Mutex))
 	m := mu.(*sync.Mutex)
 	m.Lock()
 	// Never through a link: the lock sits in the project, which a sandbox
 	// member may write, and airlockd, as root, would create or open the
 	// file the link names. Nor a device or a pipe, which opening may act
-	// on.
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0o644)
+	// on: neither is even opened.
+	f, err := d.openLock(name)
 	if err != nil {
 		m.Unlock()
+		var pe *fs.PathError
+		if errors.As(err, &pe) && (errors.Is(err, ErrSymlink) || errors.Is(err, ErrNotRegular)) {
+			return nil, fmt.Errorf("lock policy file: %s is not a regular file (%w); remove it", path, pe.Err)
+		}
 		return nil, fmt.Errorf("lock policy file: %w", err)
-	}
-	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
-		f.Close()
-		m.Unlock()
-		return nil, fmt.Errorf("lock policy file: %s is not a regular file; remove it", path)
 	}
 	// flock(2) waits in the kernel, where no deadline reaches it: it waits
 	// in a goroutine of its own, which a timed-out edit leaves behind to
@@ -90,14 +91,4 @@ func keepOwner(f *os.File, old fs.FileInfo) error {
 		return nil
 	}
 	return f.Chown(int(st.Uid), int(st.Gid))
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -31,17 +31,17 @@ var ErrSymlink = errors.New("airlock does not write through a symbolic link")
 // that is not a regular file one that wraps ErrNotRegular; a file over
 // MaxFileSize is a *FileError.
 func ReadFile(path string) (data []byte, info fs.FileInfo, err error) {
-	return readPolicyFile(path, true)
-}
-
-// readPolicyFile is ReadFile; with follow false, a path that is a symbolic link
-// is an error that wraps ErrSymlink.
-func readPolicyFile(path string, follow bool) (data []byte, info fs.FileInfo, err error) {
-	f, info, err := openRegular(path, follow)
+	f, info, err := openRegular(path, true)
 	if err != nil {
 		return nil, info, fmt.Errorf("read policy file: %w", err)
 	}
 	defer f.Close()
+	return readCapped(f, info, path)
+}
+
+// readCapped reads the policy file f, which info describes, up to
+// MaxFileSize: a bigger one is an error naming path.
+func readCapped(f io.Reader, info fs.FileInfo, path string) ([]byte, fs.FileInfo, error) {
 	if info.Size() > MaxFileSize {
 		return nil, info, tooBig(path)
 	}

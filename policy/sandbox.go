@@ -41,6 +41,12 @@ type Sandbox struct {
 	name string
 	path string
 	now  func() time.Time
+	// dir is the real path of the policy file's directory (resolveDir),
+	// resolved when the sandbox was opened, or by its first edit when the
+	// directory was missing then; guarded by mu. Edits open it following
+	// no link, so a member that replaces a directory on the path with a
+	// link cannot send them elsewhere.
+	dir string
 	// unnamedUntrusted: see SandboxConfig.UnnamedUntrusted.
 	unnamedUntrusted bool
 	onResources      func(Resources)
@@ -82,6 +88,7 @@ func OpenSandbox(cfg SandboxConfig) (*Sandbox, error) {
 		cfg.Now = time.Now
 	}
 	s := &Sandbox{name: cfg.Name, path: cfg.Path, now: cfg.Now, unnamedUntrusted: cfg.UnnamedUntrusted, onResources: cfg.OnResources}
+	s.dir, _ = resolveDir(cfg.Path)
 	spec, err := loadOrDefault(cfg.Path)
 	if err != nil {
 		return nil, err
@@ -450,7 +457,11 @@ func (s *Sandbox) ReloadRestricting() error {
 func (s *Sandbox) diskHooksLocked() writeHooks {
 	inForce := s.spec
 	s.written = nil
+	if s.dir == "" {
+		s.dir, _ = resolveDir(s.path)
+	}
 	return writeHooks{
+		dir: s.dir,
 		check: func(disk *Spec) error {
 			if why := Widens(inForce, disk); len(why) > 0 {
 				return &WidensError{Sandbox: s.name, Path: s.path, Reasons: why}

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -226,8 +224,13 @@ func sameRule(a, b *Rule) bool {
 		a.Added.Equal(b.Added) && a.Forced == b.Forced
 }
 
-// writeHooks lets tests interrupt a write; the zero value does nothing.
+// writeHooks lets the Sandbox and tests act on a write; the zero value
+// does nothing.
 type writeHooks struct {
+	// dir, when set, is the real path of the policy file's directory
+	// (resolveDir), resolved at a trusted moment: when the sandbox was
+	// opened. Unset, it is resolved when the edit starts.
+	dir string
 	// check, when set, runs on the file as read under the lock, before
 	// the edit; an error leaves the file alone.
 	check func(old *Spec) error
@@ -245,26 +248,34 @@ type writeHooks struct {
 // writes what edit returns in its place; edit returns nil to leave it
 // alone. A missing file reads as empty.
 //
-// A path that is a symbolic link is refused (ErrSymlink), and changes
-// nothing: airlockd writes as root, and a sandbox member that can write
-// the project could point the link at another sandbox's policy file or any
-// file of the host, to have a person's next saved rule written there, or
-// that file's content copied into the project. Reads follow links (see
-// ReadFile); only edits refuse them.
+// airlockd writes as root, and a sandbox member that can write the
+// project could put a symbolic link in place of the file or of a directory
+// on its path, to have a person's next saved rule written into another
+// sandbox's policy file or any file of the host, or that file's content
+// copied into the project. So the edit opens the file's directory once,
+// following no link on its real path (hooks.dir, or resolved now), and
+// does everything else through that descriptor: lock, read, temporary
+// file, rename and sync. A directory replaced since is an error, and so is
+// a policy file that is a symbolic link (ErrSymlink); either changes
+// nothing. Reads follow links (see ReadFile); only edits refuse them.
 func editFile(path string, hooks writeHooks, edit func(t *policyText, root *yaml.Node, old *Spec) ([]byte, error)) error {
-	unlock, err := lockFile(path + ".lock")
+	d, err := openEditDir(path, hooks.dir)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	unlock, err := lockFile(d, d.name+".lock")
 	if err != nil {
 		return err
 	}
 	defer unlock()
 
-	data, info, err := readPolicyFile(path, false)
+	data, info, err := d.read()
 	if errors.Is(err, fs.ErrNotExist) {
 		data, info, err = nil, nil, nil
 	}
 	if errors.Is(err, ErrSymlink) {
-		to, _ := os.Readlink(path)
-		return fmt.Errorf("%s is a symbolic link to %s: %w; name the file itself in the config (or replace the link with the file) to save rules and settings to it", path, to, ErrSymlink)
+		return fmt.Errorf("%s is a symbolic link to %s: %w; name the file itself in the config (or replace the link with the file) to save rules and settings to it", path, d.readlink(), ErrSymlink)
 	}
 	if err != nil {
 		return err
@@ -286,7 +297,7 @@ func editFile(path string, hooks writeHooks, edit func(t *policyText, root *yaml
 	if err != nil {
 		return fmt.Errorf("the edit of %s would not read back: %w", path, err)
 	}
-	if err := writeAtomic(path, out, info, hooks); err != nil {
+	if err := writeAtomic(d, out, info, hooks); err != nil {
 		return err
 	}
 	if hooks.wrote != nil {
@@ -295,23 +306,21 @@ func editFile(path string, hooks writeHooks, edit func(t *policyText, root *yaml
 	return nil
 }
 
-// writeAtomic replaces the file at path with data: a temporary file in the
-// same directory is written, synced and renamed over it, and the directory
-// synced, so a crash leaves either the old or the new file. The new file
-// keeps the old one's permissions (0644 for a new file) and, when airlock
-// runs as root, its owner.
-func writeAtomic(path string, data []byte, old fs.FileInfo, hooks writeHooks) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+// writeAtomic replaces the policy file in d with data: a temporary file in
+// the same directory is written, synced and renamed over it, and the
+// directory synced, so a crash leaves either the old or the new file. The
+// new file keeps the old one's permissions (0644 for a new file) and, when
+// airlock runs as root, its owner.
+func writeAtomic(d *editDir, data []byte, old fs.FileInfo, hooks writeHooks) error {
+	f, tmp, err := d.createTemp()
 	if err != nil {
 		return fmt.Errorf("write policy file: %w", err)
 	}
-	tmp := f.Name()
 	done := false
 	defer func() {
 		if !done {
 			f.Close()
-			os.Remove(tmp)
+			d.remove(tmp)
 		}
 	}()
 	mode := fs.FileMode(0o644)
@@ -334,15 +343,15 @@ func writeAtomic(path string, data []byte, old fs.FileInfo, hooks writeHooks) er
 		return fmt.Errorf("write policy file: %w", err)
 	}
 	if hooks.beforeRename != nil {
-		if err := hooks.beforeRename(tmp); err != nil {
+		if err := hooks.beforeRename(f.Name()); err != nil {
 			return fmt.Errorf("write policy file: %w", err)
 		}
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := d.replace(tmp); err != nil {
 		return fmt.Errorf("write policy file: %w", err)
 	}
 	done = true
-	if err := syncDir(dir); err != nil {
+	if err := d.sync(); err != nil {
 		return fmt.Errorf("write policy file: %w", err)
 	}
 	return nil
