@@ -922,6 +922,87 @@ func TestEditLockHeldElsewhere(t *testing.T) {
 	}
 }
 
+// holdLockElsewhere takes the lock of the policy file at path as another
+// process would (its own open file description), until the test ends.
+func holdLockElsewhere(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path+".lock", os.O_RDONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEditLockWaitBoundedFromCall: with the lock held elsewhere, each of
+// several concurrent edits fails within about lockWait of its call, not
+// one lockWait behind the other (four saves: four times as long).
+func TestEditLockWaitBoundedFromCall(t *testing.T) {
+	defer func(d time.Duration) { lockWait = d }(lockWait)
+	lockWait = 300 * time.Millisecond
+	path, _ := copyFixture(t, "app.yaml")
+	holdLockElsewhere(t, path)
+	var wg sync.WaitGroup
+	waited := make([]time.Duration, 4)
+	for i := range waited {
+		r := newUserRule(t, Allowlist, fmt.Sprintf("h%d.example.com", i), "", "", time.Time{}, false)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			err := AddRule(path, r)
+			waited[i] = time.Since(start)
+			if err == nil || !strings.Contains(err.Error(), "another process has held") {
+				t.Errorf("edit %d with the lock held elsewhere: %v, want an error that says so", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if worst := slices.Max(waited); worst > 2*lockWait {
+		t.Errorf("an edit waited %v for a lock bounded at %v", worst.Round(time.Millisecond), lockWait)
+	}
+}
+
+// TestEditLockTimeoutsLeaveNoThreads: edits that time out waiting for a
+// lock a member holds leave nothing behind (a goroutine blocked in
+// flock(2) holds an OS thread and a descriptor until the member lets go).
+func TestEditLockTimeoutsLeaveNoThreads(t *testing.T) {
+	defer func(d time.Duration) { lockWait = d }(lockWait)
+	lockWait = 5 * time.Millisecond
+	path, _ := copyFixture(t, "app.yaml")
+	holdLockElsewhere(t, path)
+	before := osThreads(t)
+	for i := range 200 {
+		if err := AddRule(path, newUserRule(t, Allowlist, fmt.Sprintf("h%d.example.com", i), "", "", time.Time{}, false)); err == nil {
+			t.Fatal("an edit succeeded while the lock was held elsewhere")
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if after := osThreads(t); after-before > 20 {
+		t.Errorf("200 timed-out edits left %d more OS threads (%d → %d)", after-before, before, after)
+	}
+}
+
+// osThreads returns how many OS threads this process has (Linux only).
+func osThreads(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status:", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				return n
+			}
+		}
+	}
+	t.Skip("no Threads line in /proc/self/status")
+	return 0
+}
+
 func TestAddRuleExisting(t *testing.T) {
 	tests := []struct {
 		name string

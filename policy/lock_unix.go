@@ -13,73 +13,83 @@ import (
 	"time"
 )
 
-// lockWait is how long lockFile waits for a lock another process holds.
+// lockWait is how long lockFile waits for the lock, from its call: for
+// this process's other edits of the file and for another process's hold.
 // The lock file sits in the project, which a sandbox member may write, so
 // a member may hold it: an edit then fails after lockWait, saying why,
 // instead of waiting for ever with the sandbox's edits behind it.
 var lockWait = 5 * time.Second
 
-// pathLocks serialises this process's edits of one path (path → *sync.Mutex),
-// so that only other processes' holds count against lockWait.
+// lockPoll is the longest pause between two tries of a lock another
+// process holds.
+const lockPoll = 20 * time.Millisecond
+
+// pathLocks serialises this process's edits of one lock file (its real
+// path → a channel that holds a token while an edit has the lock or tries
+// to take it).
 var pathLocks sync.Map
 
 // lockFile takes an exclusive flock(2) on the file name in d (PATH.lock),
 // creating it, and returns the function that releases the lock. The lock
 // file is never removed: deleting it while another process waits on it
-// would let two editors in at once. A lock another process holds for
-// longer than lockWait is an error.
+// would let two editors in at once. The whole wait, behind this process's
+// other edits of the file and then for another process's hold, is bounded
+// by lockWait from the call; past it, the edit fails and changes nothing.
+//
+// The kernel lock is tried without blocking, again and again until the
+// deadline, never waited for in flock(2) itself: no deadline reaches a
+// blocked flock, so each timed-out edit would leave a thread and a
+// descriptor behind for as long as the member holds the lock.
 func lockFile(d *editDir, name string) (unlock func(), err error) {
+	deadline := time.NewTimer(lockWait)
+	defer deadline.Stop()
 	path := filepath.Join(filepath.Dir(d.path), name)
-	mu, _ := pathLocks.LoadOrStore(filepath.Join(d.real, name), new(sync.Mutex))
-	m := mu.(*sync.Mutex)
-	m.Lock()
+	held := func() error {
+		return fmt.Errorf("lock policy file: another process has held %s for over %s; nothing was changed", path, lockWait)
+	}
+	v, _ := pathLocks.LoadOrStore(filepath.Join(d.real, name), make(chan struct{}, 1))
+	turn := v.(chan struct{})
+	select {
+	case turn <- struct{}{}:
+	case <-deadline.C:
+		return nil, held()
+	}
+	release := func() { <-turn }
 	// Never through a link: the lock sits in the project, which a sandbox
 	// member may write, and airlockd, as root, would create or open the
 	// file the link names. Nor a device or a pipe, which opening may act
 	// on: neither is even opened.
 	f, err := d.openLock(name)
 	if err != nil {
-		m.Unlock()
+		release()
 		var pe *fs.PathError
 		if errors.As(err, &pe) && (errors.Is(err, ErrSymlink) || errors.Is(err, ErrNotRegular)) {
 			return nil, fmt.Errorf("lock policy file: %s is not a regular file (%w); remove it", path, pe.Err)
 		}
 		return nil, fmt.Errorf("lock policy file: %w", err)
 	}
-	// flock(2) waits in the kernel, where no deadline reaches it: it waits
-	// in a goroutine of its own, which a timed-out edit leaves behind to
-	// let go of the lock as soon as it has it.
-	got := make(chan error, 1)
-	go func() {
-		for {
-			err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-			if !errors.Is(err, syscall.EINTR) {
-				got <- err
-				return
-			}
+	for pause := time.Millisecond; ; pause = min(2*pause, lockPoll) {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
 		}
-	}()
-	timer := time.NewTimer(lockWait)
-	defer timer.Stop()
-	select {
-	case err = <-got:
-	case <-timer.C:
-		go func() {
-			<-got
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
 			f.Close()
-		}()
-		m.Unlock()
-		return nil, fmt.Errorf("lock policy file: another process has held %s for over %s; nothing was changed", path, lockWait)
-	}
-	if err != nil {
-		f.Close()
-		m.Unlock()
-		return nil, fmt.Errorf("lock policy file: flock %s: %w", path, err)
+			release()
+			return nil, fmt.Errorf("lock policy file: flock %s: %w", path, err)
+		}
+		select {
+		case <-time.After(pause):
+		case <-deadline.C:
+			f.Close()
+			release()
+			return nil, held()
+		}
 	}
 	return func() {
 		// Closing the only descriptor releases the lock.
 		f.Close()
-		m.Unlock()
+		release()
 	}, nil
 }
 
