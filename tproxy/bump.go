@@ -209,17 +209,9 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	dropPathOverrides(r.Header)
 	d := h.decide(rec.Source, r.Method, target)
-	// A WebDAV COPY or MOVE acts on its Destination too: it must be on
-	// this host, read as the target is, and allowed by a rule.
-	if dest, ok, err := h.destination(r.Header); err != nil || ok && h.decide(rec.Source, r.Method, dest).Verdict != policy.Allow {
-		if err == nil {
-			dd := h.decide(rec.Source, r.Method, dest)
-			err = fmt.Errorf("the Destination %s %s is not allowed by a rule: %s", r.Method, dest, dd.Detail())
-			if dd.Rule != nil {
-				rec.Rule = dd.Rule.Pattern.String()
-			}
-		}
-		rec.Reason = err.Error()
+	// A WebDAV COPY or MOVE acts on its Destination too.
+	if rule, err := h.checkDestination(rec.Source, r.Method, r.Header); err != nil {
+		rec.Reason, rec.Rule = err.Error(), rule
 		h.forbid(rw, r, &rec)
 		return
 	}
@@ -318,6 +310,24 @@ func (h *bumpHandler) isHost(hostport string) bool {
 	}
 	n, err := policy.NormalizeHost(host)
 	return err == nil && n == h.host && validPort(port)
+}
+
+// checkDestination refuses a request whose Destination header (if any) is
+// not on this host, not a target read as the request's is, or not allowed
+// by a rule for its method; rule names the rule that refused it.
+func (h *bumpHandler) checkDestination(source, method string, hdr http.Header) (rule string, err error) {
+	dest, ok, err := h.destination(hdr)
+	if err != nil || !ok {
+		return "", err
+	}
+	d := h.decide(source, method, dest)
+	if d.Verdict == policy.Allow {
+		return "", nil
+	}
+	if d.Rule != nil {
+		rule = d.Rule.Pattern.String()
+	}
+	return rule, fmt.Errorf("the Destination %s %s is not allowed by a rule: %s", method, dest, d.Detail())
 }
 
 // destination returns the canonical target a request's Destination header
