@@ -678,6 +678,7 @@ func TestDenyRuleSpellings(t *testing.T) {
 		// PHP runs /admin.php for /admin.php/anything (PATH_INFO).
 		{"PHP PATH_INFO", "api.example.com/admin.php", "/admin.php/x", "Apache/nginx+PHP run admin.php"},
 		{"ligature", "api.example.com/config/*", "/con%EF%AC%81g/x", "full case folding: ﬁ = fi"},
+		{"a rule written with a folded letter", "api.example.com/adm%C4%B1n/*", "/admin/x", "the rule folds as requests do"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rs := ruleset(t, ActionAllow, "api.example.com", "deny "+c.deny)

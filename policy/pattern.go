@@ -259,7 +259,7 @@ func (p *Pattern) parseHost(s string, opts ParseOptions) error {
 		// chose; it matches every path, like the bare host (see anyPath).
 		p.path = path
 		p.glob, _ = decodeUnreserved(path)
-		p.foldGlob = strings.ToLower(p.glob)
+		p.foldGlob = foldPath(p.glob)
 	}
 	switch {
 	case strings.Trim(host, "*.") == "" && strings.Contains(host, "*"):
