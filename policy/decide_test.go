@@ -3,7 +3,10 @@ package policy
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"strings"
 	"testing"
+	"time"
 )
 
 // ruleset builds a Ruleset from patterns; a pattern prefixed "deny " goes to
@@ -679,6 +682,11 @@ func TestDenyRuleSpellings(t *testing.T) {
 		{"PHP PATH_INFO", "api.example.com/admin.php", "/admin.php/x", "Apache/nginx+PHP run admin.php"},
 		{"ligature", "api.example.com/config/*", "/con%EF%AC%81g/x", "full case folding: ﬁ = fi"},
 		{"a rule written with a folded letter", "api.example.com/adm%C4%B1n/*", "/admin/x", "the rule folds as requests do"},
+		{"a rule with ı, as written", "api.example.com/kullan%C4%B1c%C4%B1/*", "/kullan%C4%B1c%C4%B1/x", "Turkish kullanıcı"},
+		{"a rule with İ, as written", "api.example.com/%C4%B0stanbul", "/%C4%B0stanbul", "İstanbul"},
+		{"a rule with the Kelvin sign, as written", "api.example.com/%E2%84%AA/*", "/%E2%84%AA/x", "K"},
+		{"a rule with a ligature, as written", "api.example.com/%EF%AC%81les/*", "/%EF%AC%81les/x", "ﬁles"},
+		{"a rule with ſ, as written", "api.example.com/%C5%BF*", "/%C5%BFx", "ſ"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rs := ruleset(t, ActionAllow, "api.example.com", "deny "+c.deny)
@@ -721,5 +729,40 @@ func BenchmarkDecideDenyPathRule(b *testing.B) {
 				rs.Decide(q)
 			}
 		})
+	}
+}
+
+// BenchmarkDecideDenyDottedPath: a path of many segments with a dot, each
+// of which could make a PATH_INFO form, costs time in proportion to its
+// length.
+func BenchmarkDecideDenyDottedPath(b *testing.B) {
+	for _, n := range []int{100, 1000, 4000} {
+		path := strings.Repeat("/a.b", n)
+		rs := ruleset(b, ActionAllow, "api.example.com", "deny api.example.com/admin/*")
+		b.Run(fmt.Sprintf("segments=%d,len=%d", n, len(path)), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				rs.Decide(Query{Host: "api.example.com", Port: 443, Method: "GET", Path: path})
+			}
+		})
+	}
+}
+
+// TestDenyFormsBounded: deciding a path of 32 KiB made of segments with a
+// dot allocates in proportion to its length, not its square (one PATH_INFO
+// form per dotted segment made hundreds of MiB).
+func TestDenyFormsBounded(t *testing.T) {
+	path := strings.Repeat("/a.b", 8192) // 32 KiB
+	rs := ruleset(t, ActionAllow, "api.example.com", "deny api.example.com/admin/*")
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	d := rs.Decide(Query{Host: "api.example.com", Port: 443, Method: "GET", Path: path})
+	took := time.Since(start)
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("verdict %v, %d MiB allocated, %v", d.Verdict, alloc>>20, took)
+	if alloc > 8<<20 {
+		t.Errorf("deciding one GET of a %d-byte path allocated %d MiB (%v); want a bound linear in the path", len(path), alloc>>20, took)
 	}
 }

@@ -197,10 +197,14 @@ func (rq *request) denyForms() []string {
 		}
 		segs[i] = seg
 	}
-	// PATH_INFO: the path up to each segment with an extension.
-	for i := 1; i < len(segs)-1; i++ {
+	// PATH_INFO: the path up to the first segments with an extension
+	// (nginx's usual split takes the first ".php"; a few, so that a dot
+	// in a directory's name hides no script after it, and no more, so
+	// that a path of many dotted segments costs no more than a few).
+	for i, n := 1, 0; i < len(segs)-1 && n < maxPathInfoForms; i++ {
 		if strings.IndexByte(segs[i], '.') > 0 {
 			add(strings.Join(segs[:i+1], "/"))
+			n++
 		}
 	}
 	f = strings.Join(segs, "/")
@@ -217,6 +221,9 @@ func (rq *request) denyForms() []string {
 	rq.forms = forms
 	return forms
 }
+
+// maxPathInfoForms bounds the PATH_INFO forms of one request.
+const maxPathInfoForms = 4
 
 // foldPath lower-cases a canonical path, and writes the escaped letters
 // outside ASCII that case-insensitive comparisons take for ASCII letters

@@ -10,6 +10,11 @@ import (
 // target that servers read in more than one way.
 var ErrAmbiguousPath = errors.New("ambiguous request path")
 
+// MaxTarget is the longest request target CanonicalTarget reads, as long
+// as the request lines common servers take (nginx's and Apache's 8 KiB)
+// twice over: deciding a target costs time in proportion to its length.
+const MaxTarget = 16 << 10
+
 // CanonicalTarget returns the one form of an HTTP request target that the
 // proxy decides on and forwards, or an error for a target whose reading is
 // ambiguous. Deciding on one spelling and forwarding another lets a path
@@ -33,6 +38,9 @@ var ErrAmbiguousPath = errors.New("ambiguous request path")
 func CanonicalTarget(target string) (string, error) {
 	if target == "" {
 		return "", fmt.Errorf("%w: empty request target", ErrAmbiguousPath)
+	}
+	if len(target) > MaxTarget {
+		return "", fmt.Errorf("%w: a request target of %d bytes; at most %d are read", ErrAmbiguousPath, len(target), MaxTarget)
 	}
 	if rest, ok := cutHTTPScheme(target); ok {
 		i := strings.IndexAny(rest, "/?#")

@@ -103,3 +103,14 @@ func FuzzCanonicalTarget(f *testing.F) {
 		}
 	})
 }
+
+// TestCanonicalTargetLength: a target over MaxTarget is refused, one of
+// MaxTarget is read.
+func TestCanonicalTargetLength(t *testing.T) {
+	if _, err := CanonicalTarget("/" + strings.Repeat("a", MaxTarget-1)); err != nil {
+		t.Errorf("a target of MaxTarget bytes: %v", err)
+	}
+	if _, err := CanonicalTarget("/" + strings.Repeat("a", MaxTarget)); !errors.Is(err, ErrAmbiguousPath) {
+		t.Errorf("a target over MaxTarget: %v, want it refused", err)
+	}
+}
