@@ -210,8 +210,9 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	dropPathOverrides(r.Header)
 	d := h.decide(rec.Source, r.Method, target)
 	// A WebDAV COPY or MOVE acts on its Destination too.
-	if rule, err := h.checkDestination(rec.Source, r.Method, r.Header); err != nil {
-		rec.Reason, rec.Rule = err.Error(), rule
+	dest, hasDest, err := h.destination(r.Header)
+	if err != nil {
+		rec.Reason = err.Error()
 		h.forbid(rw, r, &rec)
 		return
 	}
@@ -224,7 +225,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var scan overrideScanner
 		if scan, err = bodyScanner(r); scan != nil {
 			ob = &overrideBody{ReadCloser: r.Body, scan: scan, decide: func(methods []string) *overrideRefusal {
-				return h.bodyOverrides(r.Method, rec.Source, target, methods)
+				return h.bodyOverrides(r.Method, rec.Source, target, dest, methods)
 			}}
 			r.Body = ob
 		}
@@ -242,7 +243,15 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if d.Verdict == policy.Ask {
 		asks = append(asks, r.Method)
 	}
-	for _, m := range append(overrideMethods(r.Header), queried...) {
+	overrides := append(overrideMethods(r.Header), queried...)
+	if hasDest {
+		if rule, err := h.checkDestination(rec.Source, dest, append([]string{r.Method}, overrides...)); err != nil {
+			rec.Reason, rec.Rule = err.Error(), rule
+			h.forbid(rw, r, &rec)
+			return
+		}
+	}
+	for _, m := range overrides {
 		if m == strings.ToUpper(r.Method) || slices.Contains(asks, m) {
 			continue
 		}
@@ -312,22 +321,21 @@ func (h *bumpHandler) isHost(hostport string) bool {
 	return err == nil && n == h.host && validPort(port)
 }
 
-// checkDestination refuses a request whose Destination header (if any) is
-// not on this host, not a target read as the request's is, or not allowed
-// by a rule for its method; rule names the rule that refused it.
-func (h *bumpHandler) checkDestination(source, method string, hdr http.Header) (rule string, err error) {
-	dest, ok, err := h.destination(hdr)
-	if err != nil || !ok {
-		return "", err
+// checkDestination refuses a Destination (see destination) that a rule
+// does not allow for each of methods, the request's own and the ones its
+// overrides name; rule names the rule that refused it.
+func (h *bumpHandler) checkDestination(source, dest string, methods []string) (rule string, err error) {
+	for _, m := range methods {
+		d := h.decide(source, m, dest)
+		if d.Verdict == policy.Allow {
+			continue
+		}
+		if d.Rule != nil {
+			rule = d.Rule.Pattern.String()
+		}
+		return rule, fmt.Errorf("the Destination %s %s is not allowed by a rule: %s", m, dest, d.Detail())
 	}
-	d := h.decide(source, method, dest)
-	if d.Verdict == policy.Allow {
-		return "", nil
-	}
-	if d.Rule != nil {
-		rule = d.Rule.Pattern.String()
-	}
-	return rule, fmt.Errorf("the Destination %s %s is not allowed by a rule: %s", method, dest, d.Detail())
+	return "", nil
 }
 
 // destination returns the canonical target a request's Destination header
@@ -381,12 +389,17 @@ func (h *bumpHandler) decide(source, method, target string) policy.Decision {
 // bodyOverrides decides the methods a request's form body names as
 // overrides: each must be allowed by a rule of its own, since nobody can
 // be asked once the body is on its way.
-func (h *bumpHandler) bodyOverrides(method, source, target string, methods []string) *overrideRefusal {
+func (h *bumpHandler) bodyOverrides(method, source, target, dest string, methods []string) *overrideRefusal {
 	for _, m := range methods {
 		if m == strings.ToUpper(method) {
 			continue
 		}
 		d := h.decide(source, m, target)
+		if d.Verdict == policy.Allow && dest != "" {
+			if rule, err := h.checkDestination(source, dest, []string{m}); err != nil {
+				return &overrideRefusal{reason: "the form's _method asks for " + strconv.Quote(m) + ", and " + err.Error(), rule: rule}
+			}
+		}
 		if d.Verdict == policy.Allow {
 			continue
 		}

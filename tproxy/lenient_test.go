@@ -248,3 +248,48 @@ func TestSilentClientKeptWhileServerSends(t *testing.T) {
 	c.Close()
 	_ = policy.Deny
 }
+
+// TestSilentClientHalfClose: a server-first connection whose client never
+// sends and shuts down its write side (nc -N, a script that closes stdin)
+// gets the whole feed of its allowed upstream, and the record says allowed.
+func TestSilentClientHalfClose(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // a feed: five lines 100 ms apart, then close
+				defer c.Close()
+				for i := 0; i < 5; i++ {
+					fmt.Fprintf(c, "tick %d\n", i)
+					time.Sleep(100 * time.Millisecond)
+				}
+			}()
+		}
+	}()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	if isWebPort(port) {
+		t.Skip("ephemeral port is a web port")
+	}
+	h := newHarness(t, nil, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), func(c *Config) {
+		c.SniffTimeout = 20 * time.Millisecond
+		c.IdleTimeout = 5 * time.Second
+	})
+	c := h.connect(t, 10*time.Second)
+	time.Sleep(150 * time.Millisecond) // past the sniff window, the feed has begun
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	got, err := io.ReadAll(c)
+	c.Close()
+	waitRecords(t, h, 1)
+	rec := h.Records()[0]
+	if err != nil || len(got) < len("tick 0\ntick 1\ntick 2\ntick 3\ntick 4\n") || rec.Verdict != policy.Allow {
+		t.Errorf("half-closed silent client of an allowed feed: read %q, err %v; record %s / %q / close %q; want the whole feed and an allowed record",
+			got, err, rec.Verdict, rec.Reason, rec.Close)
+	}
+}

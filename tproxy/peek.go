@@ -484,8 +484,12 @@ func truncate(s string, n int) string {
 // HTTP request head, are neither, or MaxPeek is reached. With optional set,
 // a client that sends nothing within wait is fine (a server-first protocol);
 // otherwise silence is an error.
-// errClientSilent is peek's error for a client that sent nothing in time.
-var errClientSilent = errors.New("client sent nothing")
+// errClientSilent is peek's error for a client that sent nothing in time;
+// errClientClosed for one that ended its side without sending anything.
+var (
+	errClientSilent = errors.New("client sent nothing")
+	errClientClosed = errors.New("client closed before sending anything")
+)
 
 func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 	bp, _ := p.peekBufs.Get().(*[]byte)
@@ -536,7 +540,7 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 				return fmt.Errorf("client stalled after %d bytes", n)
 			}
 			if n == 0 {
-				return fmt.Errorf("client closed before sending anything")
+				return errClientClosed
 			}
 			return fmt.Errorf("client closed after %d bytes", n)
 		}

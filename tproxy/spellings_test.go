@@ -319,3 +319,29 @@ func TestHeldOverrideIsAskedAsItsMethod(t *testing.T) {
 		})
 	}
 }
+
+// TestDestinationUnderOverride: a POST whose method override names MOVE
+// has its Destination decided for MOVE too, as a plain MOVE has.
+func TestDestinationUnderOverride(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		allow, deny []string
+		header      string
+	}{
+		{"deny MOVE into /admin, header override", []string{"api.allowed.test:%d"}, []string{"MOVE api.allowed.test:%d/admin/*"},
+			"X-HTTP-Method-Override: MOVE\r\nDestination: /admin/x\r\nContent-Length: 0\r\n"},
+		{"MOVE allowed in /tmp only, header override", []string{"POST api.allowed.test:%d/*", "MOVE api.allowed.test:%d/tmp/*"}, nil,
+			"X-HTTP-Method-Override: MOVE\r\nDestination: /admin/x\r\nContent-Length: 0\r\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up, h, roots := recordingHarness(t, allowDenyPolicy(c.allow, c.deny))
+			// Control: the plain MOVE is refused for its Destination.
+			if ok, st := reachedUpstream(t, up, h, roots, "MOVE", "/tmp/x", "Destination: /admin/x\r\n"); ok {
+				t.Fatalf("control: MOVE /tmp/x to /admin/x reached the upstream (%s)", st)
+			}
+			if ok, st := reachedUpstream(t, up, h, roots, "POST", "/tmp/x", c.header); ok {
+				t.Errorf("POST /tmp/x with %q reached the upstream (%s); the MOVE it names to /admin/x is not allowed", c.header, st)
+			}
+		})
+	}
+}

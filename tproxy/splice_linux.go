@@ -260,6 +260,11 @@ func (p *Proxy) firstBytes(c *conn, up *net.TCPConn, name string, inspect bool) 
 	wait := p.cfg.IdleTimeout
 	for {
 		err := p.peek(c, wait, false)
+		if errors.Is(err, errClientClosed) {
+			// It ended its side with nothing to check: the end is
+			// passed on, and the upstream may go on sending.
+			return nil
+		}
 		if !errors.Is(err, errClientSilent) {
 			if err != nil {
 				return err
