@@ -11,25 +11,92 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
 // resolveDir returns the real path of the directory holding the policy
 // file at path: absolute, with every symbolic link on it resolved. It is
-// called at a trusted moment (OpenSandbox, or the call of a package-level
-// edit); each edit then opens that directory with openDir, which follows
-// no link, so a directory a member replaces with a link afterwards is
-// refused, not followed.
+// called at a trusted moment (OpenSandbox, a person's reload, or the call
+// of a package-level edit); each edit then opens that directory with
+// openDir, which follows no link, so a directory a member replaces with a
+// link afterwards is refused, not followed. Where the directory does not
+// exist yet, only its deepest existing ancestor is resolved, and the
+// missing rest is kept as written: a link a member makes there later is
+// refused too.
 func resolveDir(path string) (string, error) {
 	dir, err := filepath.Abs(filepath.Dir(path))
-	if err == nil {
-		dir, err = filepath.EvalSymlinks(dir)
-	}
 	if err != nil {
 		return "", fmt.Errorf("resolve the directory of %s: %w", path, err)
 	}
-	return dir, nil
+	rest := ""
+	for {
+		real, err := realDir(dir)
+		if err == nil {
+			return filepath.Join(real, rest), nil
+		}
+		parent := filepath.Dir(dir)
+		if !errors.Is(err, fs.ErrNotExist) || parent == dir {
+			return "", fmt.Errorf("resolve the directory of %s: %w", path, err)
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+		dir = parent
+	}
+}
+
+// realDir resolves the absolute path dir as filepath.EvalSymlinks does,
+// but follows a symbolic link only if root or the owner of the directory
+// holding it owns it (the rule of Linux's fs.protected_symlinks): a link a
+// sandbox member of another user made in a person's project is refused,
+// even when it was there before airlockd started.
+func realDir(dir string) (string, error) {
+	todo := strings.Split(filepath.Clean(dir), "/")
+	cur, links := "/", 0
+	for len(todo) > 0 {
+		name := todo[0]
+		todo = todo[1:]
+		switch name {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, name)
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			if !fi.IsDir() {
+				return "", &fs.PathError{Op: "resolve", Path: next, Err: unix.ENOTDIR}
+			}
+			cur = next
+			continue
+		}
+		if links++; links > 40 {
+			return "", &fs.PathError{Op: "resolve", Path: dir, Err: unix.ELOOP}
+		}
+		parent, err := os.Stat(cur)
+		if err != nil {
+			return "", err
+		}
+		lu, lok := fi.Sys().(*syscall.Stat_t)
+		pu, pok := parent.Sys().(*syscall.Stat_t)
+		if lok && pok && lu.Uid != 0 && lu.Uid != pu.Uid {
+			return "", fmt.Errorf("%s is a symbolic link of uid %d in a directory of uid %d, which airlock does not follow to write a policy file", next, lu.Uid, pu.Uid)
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return "", err
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	return cur, nil
 }
 
 // walkDir opens the absolute path dir one component at a time, each with

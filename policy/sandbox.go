@@ -415,6 +415,11 @@ func (s *Sandbox) Remove(id string) (*Rule, error) {
 func (s *Sandbox) Reload() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A person's reload is a trusted moment: the directory edits go to is
+	// resolved again (a link of theirs may point elsewhere now).
+	if dir, err := resolveDir(s.path); err == nil {
+		s.dir = dir
+	}
 	return s.reloadLocked(s.session)
 }
 
