@@ -199,6 +199,15 @@ func (ca *CA) Leaf(host string) (*tls.Certificate, error) {
 	}
 	ca.mu.Unlock()
 	v, err, _ := ca.group.Do(host, func() (any, error) {
+		// Minted meanwhile by a call that ended before this one began?
+		ca.mu.Lock()
+		if e, ok := ca.byKey[host]; ok {
+			if le := e.Value.(*leafEntry); now.Before(le.cert.Leaf.NotAfter.Add(-leafRenew)) {
+				ca.mu.Unlock()
+				return le.cert, nil
+			}
+		}
+		ca.mu.Unlock()
 		c, err := ca.mint(host, now)
 		if err != nil {
 			return nil, err
