@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -764,5 +765,53 @@ func TestDenyFormsBounded(t *testing.T) {
 	t.Logf("verdict %v, %d MiB allocated, %v", d.Verdict, alloc>>20, took)
 	if alloc > 8<<20 {
 		t.Errorf("deciding one GET of a %d-byte path allocated %d MiB (%v); want a bound linear in the path", len(path), alloc>>20, took)
+	}
+}
+
+// TestGlobMatchAgreesWithRegexp: globMatch matches as the regular
+// expression its glob stands for ("*" any run, every other byte itself),
+// on random globs and strings over a small alphabet, where runs repeat
+// and overlap.
+func TestGlobMatchAgreesWithRegexp(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	word := func(alphabet string, max int) string {
+		b := make([]byte, r.IntN(max+1))
+		for i := range b {
+			b[i] = alphabet[r.IntN(len(alphabet))]
+		}
+		return string(b)
+	}
+	for range 20000 {
+		glob, s := word("ab/*", 8), word("ab/", 12)
+		parts := strings.Split(glob, "*")
+		for i, p := range parts {
+			parts[i] = regexp.QuoteMeta(p)
+		}
+		want := regexp.MustCompile(`^(?s:` + strings.Join(parts, ".*") + `)$`).MatchString(s)
+		if got := globMatch(glob, s); got != want {
+			t.Fatalf("globMatch(%q, %q) = %v, want %v", glob, s, got, want)
+		}
+	}
+}
+
+// TestDenyPathInfoPastDottedDirectories: PHP's PATH_INFO split (nginx
+// fastcgi_split_path_info "^(.+?\.php)(/.*)$", Apache AcceptPathInfo, PHP
+// cgi.fix_pathinfo) runs the script at the first ".php" segment whatever
+// comes before it: a denied script after many dotted directories (versions,
+// vendor directories) is denied with any PATH_INFO.
+func TestDenyPathInfoPastDottedDirectories(t *testing.T) {
+	for _, c := range []struct{ deny, path string }{
+		{"api.example.com/app/v1.0/lib.d/mod.x/pkg.y/admin.php", "/app/v1.0/lib.d/mod.x/pkg.y/admin.php/x"},
+		{"api.example.com/*/admin.php", "/a.b/c.d/e.f/g.h/admin.php/x"},
+	} {
+		rs := ruleset(t, ActionAllow, "api.example.com", "deny "+c.deny)
+		// Control: without PATH_INFO it is denied.
+		ctl := strings.TrimSuffix(c.path, "/x")
+		if d := rs.Decide(Query{Host: "api.example.com", Port: 443, Method: "GET", Path: ctl}); d.Verdict != Deny {
+			t.Fatalf("control: %s not denied by %s: %v", ctl, c.deny, d.Verdict)
+		}
+		if d := rs.Decide(Query{Host: "api.example.com", Port: 443, Method: "GET", Path: c.path}); d.Verdict != Deny {
+			t.Errorf("GET %s: %v past deny %s; PHP runs %s with PATH_INFO /x", c.path, d.Verdict, c.deny, ctl)
+		}
 	}
 }

@@ -72,30 +72,47 @@ func (p *Pattern) denies(rq *request) bool {
 
 // globMatch reports whether s matches glob, where "*" matches any run of
 // bytes, "/" included, and every other byte matches itself. It does not
-// allocate and runs in O(len(glob)·len(s)) at worst.
+// allocate, and costs time in proportion to len(s) for each run of glob
+// between stars: the text before the first star must start s, the text
+// after the last end it, and each run between is found, in order, at its
+// leftmost place (which is always as good as any later one).
 func globMatch(glob, s string) bool {
-	var gi, si int
-	star, mark := -1, 0
-	for si < len(s) {
-		switch {
-		case gi < len(glob) && glob[gi] == '*':
-			star, mark = gi, si
-			gi++
-		case gi < len(glob) && glob[gi] == s[si]:
-			gi++
-			si++
-		case star >= 0:
-			gi = star + 1
-			mark++
-			si = mark
-		default:
+	star := strings.IndexByte(glob, '*')
+	if star < 0 {
+		return glob == s
+	}
+	if !strings.HasPrefix(s, glob[:star]) {
+		return false
+	}
+	s, glob = s[star:], glob[star+1:]
+	last := strings.LastIndexByte(glob, '*')
+	suffix := glob[last+1:]
+	if last < 0 {
+		glob = ""
+	} else {
+		glob = glob[:last]
+	}
+	if !strings.HasSuffix(s, suffix) {
+		return false
+	}
+	s = s[:len(s)-len(suffix)]
+	for glob != "" {
+		run := glob
+		if i := strings.IndexByte(glob, '*'); i >= 0 {
+			run, glob = glob[:i], glob[i+1:]
+		} else {
+			glob = ""
+		}
+		if run == "" {
+			continue
+		}
+		i := strings.Index(s, run)
+		if i < 0 {
 			return false
 		}
+		s = s[i+len(run):]
 	}
-	for gi < len(glob) && glob[gi] == '*' {
-		gi++
-	}
-	return gi == len(glob)
+	return true
 }
 
 // requestPaths returns the forms of a request path that rules are checked
@@ -197,14 +214,25 @@ func (rq *request) denyForms() []string {
 		}
 		segs[i] = seg
 	}
-	// PATH_INFO: the path up to the first segments with an extension
-	// (nginx's usual split takes the first ".php"; a few, so that a dot
-	// in a directory's name hides no script after it, and no more, so
-	// that a path of many dotted segments costs no more than a few).
-	for i, n := 1, 0; i < len(segs)-1 && n < maxPathInfoForms; i++ {
-		if strings.IndexByte(segs[i], '.') > 0 {
+	// PATH_INFO: the path up to a segment with an extension, which a
+	// server may run with the rest as PATH_INFO (nginx's usual split takes
+	// the first ".php"; Apache the first file that exists): the first few
+	// segments with a dot, and the first few with a script's extension,
+	// however many dotted directories come before them; no more, so that
+	// a path of many dotted segments costs no more than a few.
+	dotted, scripts := 0, 0
+	for i := 1; i < len(segs)-1; i++ {
+		dot := strings.LastIndexByte(segs[i], '.')
+		if dot <= 0 {
+			continue
+		}
+		script := slices.Contains(scriptExtensions, segs[i][dot+1:])
+		if dotted < maxPathInfoForms || script && scripts < maxPathInfoForms {
 			add(strings.Join(segs[:i+1], "/"))
-			n++
+		}
+		dotted++
+		if script {
+			scripts++
 		}
 	}
 	f = strings.Join(segs, "/")
@@ -222,8 +250,14 @@ func (rq *request) denyForms() []string {
 	return forms
 }
 
-// maxPathInfoForms bounds the PATH_INFO forms of one request.
+// maxPathInfoForms bounds the PATH_INFO forms of one request, of each of
+// its two kinds.
 const maxPathInfoForms = 4
+
+// scriptExtensions are the extensions, in lower case, of files servers run
+// with the rest of a path as PATH_INFO.
+var scriptExtensions = []string{"php", "php3", "php4", "php5", "php7", "phtml", "phar", "cgi", "fcgi", "pl", "py", "rb",
+	"asp", "aspx", "asmx", "ashx", "axd", "svc", "jsp", "jspx", "do", "action", "cfm", "dll", "exe", "shtml"}
 
 // foldPath lower-cases a canonical path, and writes the escaped letters
 // outside ASCII that case-insensitive comparisons take for ASCII letters

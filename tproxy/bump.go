@@ -243,7 +243,13 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if d.Verdict == policy.Ask {
 		asks = append(asks, r.Method)
 	}
-	overrides := append(overrideMethods(r.Header), queried...)
+	overrides, err := overrideMethods(r.Header)
+	if err != nil {
+		rec.Reason = err.Error()
+		h.forbid(rw, r, &rec)
+		return
+	}
+	overrides = append(overrides, queried...)
 	if hasDest {
 		if rule, err := h.checkDestination(rec.Source, dest, append([]string{r.Method}, overrides...)); err != nil {
 			rec.Reason, rec.Rule = err.Error(), rule

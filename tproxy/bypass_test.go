@@ -490,7 +490,9 @@ func TestSSRFGuardRefusesThisHost(t *testing.T) {
 // gives its place back, and another sandbox's proxy is not touched by
 // this one's load. Refusals are recorded each time and logged once.
 func TestConnectionLimits(t *testing.T) {
-	silent, err := net.Listen("tcp4", "127.0.0.1:0") // answers nothing, holds connections open
+	// Answers nothing, holds connections open until the client ends its
+	// side (a half-close is passed on: the server ends the connection).
+	silent, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,7 +503,10 @@ func TestConnectionLimits(t *testing.T) {
 			if err != nil {
 				return
 			}
-			defer c.Close()
+			go func() {
+				defer c.Close()
+				io.Copy(io.Discard, c)
+			}()
 		}
 	}()
 	port := uint16(silent.Addr().(*net.TCPAddr).Port)

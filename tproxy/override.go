@@ -62,8 +62,10 @@ var errOverride = errors.New("method override")
 
 // overrideMethods returns the methods a request's override headers name,
 // upper-cased: every value of each, and every item of a comma-separated
-// value. A header named with "_" for "-" counts too.
-func overrideMethods(h http.Header) []string {
+// value. A header named with "_" for "-" counts too. As in the query and
+// the body, an item of over maxOverride bytes, or more than maxOverrides
+// methods, is an error: each method costs decisions.
+func overrideMethods(h http.Header) ([]string, error) {
 	var out []string
 	for k, vv := range h {
 		// Servers that read headers as CGI variables take "_" for "-".
@@ -72,10 +74,17 @@ func overrideMethods(h http.Header) []string {
 			continue
 		}
 		for _, v := range vv {
-			out = appendMethods(out, v)
+			for item := range strings.SplitSeq(v, ",") {
+				if len(item) > maxOverride {
+					return nil, fmt.Errorf("%w header %s of over %d bytes", errOverride, k, maxOverride)
+				}
+				if out = appendMethods(out, item); len(out) > maxOverrides {
+					return nil, fmt.Errorf("%w headers: more than %d methods", errOverride, maxOverrides)
+				}
+			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // appendMethods appends the methods an override value names: each item of

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"time"
@@ -539,8 +540,11 @@ func (p *Proxy) peek(c *conn, wait time.Duration, optional bool) error {
 				}
 				return fmt.Errorf("client stalled after %d bytes", n)
 			}
-			if n == 0 {
+			if n == 0 && errors.Is(err, io.EOF) {
 				return errClientClosed
+			}
+			if n == 0 {
+				return fmt.Errorf("client broke off before sending anything: %v", err)
 			}
 			return fmt.Errorf("client closed after %d bytes", n)
 		}

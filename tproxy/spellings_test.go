@@ -345,3 +345,36 @@ func TestDestinationUnderOverride(t *testing.T) {
 		})
 	}
 }
+
+// TestOverrideHeadersBounded: override headers name at most maxOverrides
+// methods of at most maxOverride bytes, as the query and the body do: each
+// method costs decisions, and a head may hold 1 MiB of them.
+func TestOverrideHeadersBounded(t *testing.T) {
+	list := func(n int) string {
+		items := make([]string, n)
+		for i := range items {
+			items[i] = fmt.Sprintf("M%x", i)
+		}
+		return strings.Join(items, ",")
+	}
+	for _, c := range []struct {
+		name  string
+		h     http.Header
+		error bool
+	}{
+		{"16 methods", http.Header{"X-Http-Method-Override": {list(16)}}, false},
+		{"17 methods", http.Header{"X-Http-Method-Override": {list(17)}}, true},
+		{"17 over two headers", http.Header{"X-Http-Method-Override": {list(9)}, "X-Http-Method": {strings.ReplaceAll(list(17), "M", "N")[len(list(9))+1:]}}, true},
+		{"10,000 methods", http.Header{"X_http_method_override": {list(10000)}}, true},
+		{"repeats count once", http.Header{"X-Method-Override": {strings.Repeat("DELETE,", 1000)}}, false},
+		{"a method of 65 bytes", http.Header{"X-Http-Method": {strings.Repeat("D", 65)}}, true},
+	} {
+		if _, err := overrideMethods(c.h); (err != nil) != c.error {
+			t.Errorf("%s: %v, want an error: %v", c.name, err, c.error)
+		}
+	}
+	up, h, roots := recordingHarness(t, allowDenyPolicy([]string{"api.allowed.test:%d/v1/*"}, nil))
+	if ok, st := reachedUpstream(t, up, h, roots, "POST", "/v1/x", "X-HTTP-Method-Override: "+list(1000)+"\r\nContent-Length: 0\r\n"); ok || !strings.HasPrefix(st, "403") {
+		t.Errorf("1,000 override methods: reached %v (%s), want a 403", ok, st)
+	}
+}
