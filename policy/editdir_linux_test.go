@@ -127,3 +127,48 @@ func TestReloadResolvesThePersonsLinkAgain(t *testing.T) {
 		t.Errorf("after reload, Add succeeded but %s (-> v2) lacks the rule; it went to v1", path)
 	}
 }
+
+// TestEditFollowsNoMemberLinkInMemberDir: a member (uid 65534) makes a
+// real directory in the person's project and a link inside it, before the
+// sandbox opens or before a person's reload: the edit is refused and
+// writes nothing where the link points.
+func TestEditFollowsNoMemberLinkInMemberDir(t *testing.T) {
+	for _, atOpen := range []bool{true, false} {
+		base := t.TempDir()
+		proj := filepath.Join(base, "proj")
+		outside := filepath.Join(base, "outside")
+		os.MkdirAll(proj, 0o755)
+		os.MkdirAll(outside, 0o755)
+		a := filepath.Join(proj, "a")
+		link := filepath.Join(a, "b")
+		path := filepath.Join(link, "app.yaml")
+		plant := func() {
+			os.Mkdir(a, 0o755)
+			if err := os.Symlink(outside, link); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Lchown(a, 65534, 65534); err != nil {
+				t.Skip(err)
+			}
+			if err := os.Lchown(link, 65534, 65534); err != nil {
+				t.Skip(err)
+			}
+		}
+		if atOpen {
+			plant()
+		}
+		s, err := OpenSandbox(SandboxConfig{Name: "a", Path: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !atOpen {
+			plant()
+			s.Reload() // a person's reload, after the member planted the link
+		}
+		_, err = s.Add(AddRequest{Pattern: "pastebin.com", List: Denylist, Persist: true})
+		t.Logf("atOpen=%v Add: err=%v", atOpen, err)
+		if _, err := os.Lstat(filepath.Join(outside, "app.yaml")); err == nil {
+			t.Errorf("atOpen=%v: the edit wrote a policy file into %s through a uid-65534 link in a uid-65534 directory", atOpen, outside)
+		}
+	}
+}
