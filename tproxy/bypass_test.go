@@ -801,6 +801,12 @@ var otherProtocols = []struct{ name, raw string }{
 	{"git protocol", "0032git-upload-pack /project.git\x00host=example.com\x00"},
 	{"git protocol v2", "003egit-upload-pack /project.git\x00host=example.com\x00\x00version=2\x00"},
 	{"memcached", "get some key\r\n"},
+	// Keys that are URLs or paths (page caches): no server reads a
+	// lower-case two-word line as HTTP/0.9 (Python and nginx take GET only).
+	{"memcached get of a URL", "get http://www.example.com/page\r\n"},
+	{"memcached delete of a path", "delete /sessions/42\r\n"},
+	{"memcached gets of a path", "gets /cache/home\r\n"},
+	{"POP3 USER of a path", "USER /alice\r\n"},
 	{"IRC", "NICK alice\r\nUSER alice 0 * :Alice\r\n"},
 	{"JSON line", "{\"jsonrpc\": \"2.0\", \"method\": \"ping\"}\n"},
 	{"MongoDB", "\x3a\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\xdd\x07\x00\x00"},
@@ -836,7 +842,9 @@ func TestOtherProtocolsAreCarried(t *testing.T) {
 			io.WriteString(c, tc.raw)
 			got := make([]byte, len(tc.raw))
 			if _, err := io.ReadFull(c, got); err != nil || string(got) != tc.raw {
-				t.Fatalf("echo %q, %v; want %q", got, err, tc.raw)
+				c.Close()
+				waitRecords(t, h, 1)
+				t.Fatalf("echo %q, %v; want %q (record %+v)", got, err, tc.raw, h.Records()[0])
 			}
 			c.Close()
 			waitRecords(t, h, 1)

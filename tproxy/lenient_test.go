@@ -141,62 +141,6 @@ func TestWerkzeugSpellingsNotCarried(t *testing.T) {
 	}
 }
 
-// promptProtocols: first bytes of real protocols on non-web ports that
-// must be carried promptly.
-var promptProtocols = []struct{ name, raw string }{
-	// git:// (port 9418): one pkt-line with NULs and no LF; the client
-	// then waits for the ref advertisement. classify says "more" forever.
-	{"git-upload-pack", "0032git-upload-pack /project.git\x00host=example.com\x00"},
-	{"git-upload-pack v2", "003egit-upload-pack /project.git\x00host=example.com\x00\x00version=2\x00"},
-	// memcached text protocol with URL or path keys (common for page
-	// caches): refused as a malformed HTTP/0.9 line, though no server
-	// reads a lower-case 2-word line as HTTP/0.9 (Python, nginx require
-	// exactly "GET").
-	{"memcached get URL key", "get http://www.example.com/page\r\n"},
-	{"memcached delete path key", "delete /sessions/42\r\n"},
-	{"memcached gets path key", "gets /cache/home\r\n"},
-	{"POP3 USER path-like", "USER /alice\r\n"},
-}
-
-// TestProtocolsCarriedPromptly: these are carried (echoed) well
-// within the 10 s peek timeout, and recorded as allowed.
-func TestProtocolsCarriedPromptly(t *testing.T) {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
-	port := uint16(ln.Addr().(*net.TCPAddr).Port)
-	if isWebPort(port) {
-		t.Skip("ephemeral port is a web port")
-	}
-	for _, tc := range promptProtocols {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, nil, netip.AddrPortFrom(fake("allowed.test"), port), rules(port, fmt.Sprintf("allowed.test:%d", port)), func(c *Config) {
-				c.PeekTimeout = 3 * time.Second
-			})
-			c := h.connect(t, 2*time.Second)
-			io.WriteString(c, tc.raw)
-			got := make([]byte, len(tc.raw))
-			if _, err := io.ReadFull(c, got); err != nil || string(got) != tc.raw {
-				c.Close()
-				waitRecords(t, h, 1)
-				t.Fatalf("echo %q, %v; want %q (record %+v)", got, err, tc.raw, h.Records()[0])
-			}
-			c.Close()
-		})
-	}
-}
-
 // TestSilentClientKeptWhileServerSends: a server-first connection (the
 // client silent past the sniff window) whose upstream keeps sending is not
 // cut at IdleTimeout: only a connection idle both ways is, as the janitor
