@@ -793,7 +793,7 @@ func (w *h1Response) finish() bool {
 			}
 		}
 		for k, vv := range w.header {
-			if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && httpguts.ValidHeaderFieldName(name) {
+			if name, ok := undeclaredTrailer(k); ok {
 				for _, v := range vv {
 					bw.WriteString(name + ": ")
 					writeHeaderValue(bw, v)
@@ -811,4 +811,18 @@ func (w *h1Response) finish() bool {
 		return false
 	}
 	return !w.closing
+}
+
+// undeclaredTrailer returns the trailer a header key set with
+// http.TrailerPrefix names, in canonical form, and whether it may go out
+// as one: a valid field name that is not a framing, routing or
+// authentication field (httpguts.ValidTrailerHeader), as both servers
+// send them.
+func undeclaredTrailer(k string) (string, bool) {
+	name, ok := strings.CutPrefix(k, http.TrailerPrefix)
+	if !ok {
+		return "", false
+	}
+	name = textproto.CanonicalMIMEHeaderKey(name)
+	return name, httpguts.ValidHeaderFieldName(name) && httpguts.ValidTrailerHeader(name)
 }

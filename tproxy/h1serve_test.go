@@ -275,9 +275,10 @@ func TestBumpHTTP1ExpectNotForwarded(t *testing.T) {
 	}
 }
 
-// TestH1TrailersOnlyValidNames: trailers an answer declares go out only
-// under names valid for a trailer, as http.Server sends them: a name
-// from the upstream cannot write another field or a framing one.
+// TestH1TrailersOnlyValidNames: trailers an answer declares, or sets
+// undeclared with http.TrailerPrefix, go out only under names valid for a
+// trailer, as http.Server (and the HTTP/2 server) send them: a name from
+// the upstream cannot write another field or a framing one.
 func TestH1TrailersOnlyValidNames(t *testing.T) {
 	p := &Proxy{ctx: t.Context(), log: slog.New(slog.DiscardHandler), cfg: Config{PeekTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second}}
 	client, server := net.Pipe()
@@ -290,6 +291,11 @@ func TestH1TrailersOnlyValidNames(t *testing.T) {
 		w.Header()["X-Good"] = []string{"1"}
 		w.Header()["X-A:evil"] = []string{"2"}
 		w.Header()["Content-Length"] = []string{"3"}
+		// Undeclared, as the ReverseProxy copies an upstream's: the
+		// same names are refused.
+		w.Header()[http.TrailerPrefix+"Transfer-Encoding"] = []string{"chunked"}
+		w.Header()[http.TrailerPrefix+"Content-Length"] = []string{"4"}
+		w.Header()[http.TrailerPrefix+"Host"] = []string{"evil.test"}
 	})
 	go newH1Server(p, server, handler).serve()
 	go io.WriteString(client, "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n")

@@ -1077,8 +1077,8 @@ func (w *h2Response) trailerFields() http.Header {
 		add(k, w.header[k])
 	}
 	for k, vv := range w.header {
-		if strings.HasPrefix(k, http.TrailerPrefix) {
-			add(textproto.CanonicalMIMEHeaderKey(k[len(http.TrailerPrefix):]), vv)
+		if name, ok := undeclaredTrailer(k); ok {
+			add(name, vv)
 		}
 	}
 	return t
