@@ -628,9 +628,11 @@ func TestHostHeaderForwardedAsDecided(t *testing.T) {
 // white space and empty lines first, splits the request line on any white
 // space (as Python's http.server and Werkzeug do, str.split() on a Latin-1
 // line: SP, HT, VT, FF, CR, 0x1c-0x1f, 0x85, 0xa0) and takes any first
-// word for the method, any version starting with "HTTP/" in any case, and
-// HTTP/0.9 ("GET /x", "GET http://host/x"). It records the host each
-// request it would act on names (Host, or the absolute-form target's).
+// word for the method (Werkzeug calls the application with any, a
+// byte-order mark or control bytes in it included), any version starting
+// with "HTTP/" in any case, and HTTP/0.9 ("GET" and any target, whose
+// headers Python still reads). It records the host each request it would
+// act on names (Host, or the absolute-form target's).
 type lenientHTTP struct {
 	ln       net.Listener
 	mu       sync.Mutex
@@ -677,21 +679,21 @@ func (s *lenientHTTP) serve(c net.Conn) {
 		}
 		words = bytes.FieldsFunc(line, func(c rune) bool { return c == '\n' || isLaxSpace(byte(c)) })
 	}
-	host := ""
 	switch {
-	case len(words) == 2 && string(words[0]) == "GET": // HTTP/0.9: no headers
+	case len(words) == 2 && string(words[0]) == "GET": // HTTP/0.9
 	case len(words) == 3 && strings.HasPrefix(strings.ToUpper(string(words[2])), "HTTP/"):
-		for {
-			h, err := r.ReadString('\n')
-			if err != nil || strings.TrimSpace(h) == "" {
-				break
-			}
-			if k, v, ok := strings.Cut(h, ":"); ok && strings.EqualFold(strings.TrimSpace(k), "Host") {
-				host = strings.TrimSpace(v)
-			}
-		}
 	default:
 		return
+	}
+	host := ""
+	for {
+		h, err := r.ReadString('\n')
+		if err != nil || strings.TrimSpace(h) == "" {
+			break
+		}
+		if k, v, ok := strings.Cut(h, ":"); ok && strings.EqualFold(strings.TrimSpace(k), "Host") {
+			host = strings.TrimSpace(v)
+		}
 	}
 	if rest, ok := cutScheme(string(words[1])); ok {
 		host, _, _ = strings.Cut(rest, "/")
@@ -732,6 +734,16 @@ var lenientSpellings = []struct{ name, raw string }{
 	{"absolute form", "GET\fhttp://evil.test/\fHTTP/1.1\r\n\r\n"},
 	{"HTTP/0.9 absolute form", "GET http://evil.test/\r\n"},
 	{"HTTP/0.9 with FF", "GET\fhttp://evil.test/\r\n"},
+	// Werkzeug 3.1.8 acts on these (checked with a real make_server: the
+	// application was called with HTTP_HOST=evil.test for each).
+	{"UTF-8 BOM before the method", "\xef\xbb\xbfGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"SOH before the method", "\x01GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"NUL inside the method", "G\x00ET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"0x80 before the method", "\x80GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"DEL before the method", "\x7fGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
+	{"HTTP/0.9 relative target, with headers", "GET x\r\nHost: evil.test\r\n\r\n"},
+	{"HTTP/0.9 asterisk target, with headers", "GET *\r\nHost: evil.test\r\n\r\n"},
+	{"HTTP/0.9 query target, with headers", "GET ?a=1\r\nHost: evil.test\r\n\r\n"},
 	{"PROXY v1", "PROXY TCP4 10.0.0.1 10.0.0.2 1234 80\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
 	{"PROXY v2", proxyV2Sig + "\x21\x11\x00\x0c" + "\x0a\x00\x00\x01\x0a\x00\x00\x02\x04\xd2\x00\x50" + "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"},
 }
