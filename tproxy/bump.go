@@ -351,7 +351,7 @@ func (h *bumpHandler) checkDestination(source, dest string, methods []string) (r
 func (h *bumpHandler) destination(hdr http.Header) (string, bool, error) {
 	var vv []string
 	for k, v := range hdr {
-		if strings.EqualFold(strings.ReplaceAll(k, "_", "-"), "Destination") {
+		if namedAs(k, "Destination") {
 			vv = append(vv, v...)
 		}
 	}

@@ -41,11 +41,18 @@ var pathOverrides = []string{"X-Original-Url", "X-Original-Uri", "X-Original-Pat
 // dropPathOverrides removes a request's path-override headers.
 func dropPathOverrides(h http.Header) {
 	for k := range h {
-		name := strings.ReplaceAll(k, "_", "-")
-		if slices.ContainsFunc(pathOverrides, func(o string) bool { return strings.EqualFold(o, name) }) {
+		if namedAs(k, pathOverrides...) {
 			delete(h, k)
 		}
 	}
+}
+
+// namedAs reports whether header key k is one of names in a spelling some
+// server takes as it: any case, and "_" for "-" (servers that read headers
+// as CGI variables).
+func namedAs(k string, names ...string) bool {
+	k = strings.ReplaceAll(k, "_", "-")
+	return slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, k) })
 }
 
 const (
@@ -68,9 +75,7 @@ var errOverride = errors.New("method override")
 func overrideMethods(h http.Header) ([]string, error) {
 	var out []string
 	for k, vv := range h {
-		// Servers that read headers as CGI variables take "_" for "-".
-		name := strings.ReplaceAll(k, "_", "-")
-		if !slices.ContainsFunc(methodOverrides, func(o string) bool { return strings.EqualFold(o, name) }) {
+		if !namedAs(k, methodOverrides...) {
 			continue
 		}
 		for _, v := range vv {
