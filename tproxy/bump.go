@@ -394,20 +394,23 @@ func (h *bumpHandler) decide(source, method, target string) policy.Decision {
 
 // bodyOverrides decides the methods a request's form body names as
 // overrides: each must be allowed by a rule of its own, since nobody can
-// be asked once the body is on its way.
+// be asked once the body is on its way, and so must the request's
+// Destination (dest, if it has one) for it.
 func (h *bumpHandler) bodyOverrides(method, source, target, dest string, methods []string) *overrideRefusal {
 	for _, m := range methods {
 		if m == strings.ToUpper(method) {
 			continue
 		}
 		d := h.decide(source, m, target)
-		if d.Verdict == policy.Allow && dest != "" {
-			if rule, err := h.checkDestination(source, dest, []string{m}); err != nil {
-				return &overrideRefusal{reason: "the form's _method asks for " + strconv.Quote(m) + ", and " + err.Error(), rule: rule}
-			}
-		}
 		if d.Verdict == policy.Allow {
-			continue
+			if dest == "" {
+				continue
+			}
+			rule, err := h.checkDestination(source, dest, []string{m})
+			if err == nil {
+				continue
+			}
+			return &overrideRefusal{reason: fmt.Sprintf("the form's _method asks for %q, and %v", m, err), rule: rule}
 		}
 		ref := &overrideRefusal{reason: fmt.Sprintf("the form's _method asks for %q, and %s", m, d.Detail()),
 			suggest: m + " " + h.host + strings.SplitN(target, "?", 2)[0]}
