@@ -37,14 +37,22 @@ type Query struct {
 // Start serves on addr (such as "127.0.0.1:0" or "203.0.113.53:53") over
 // UDP and TCP on the same port and returns the bound address.
 func (s *Server) Start(addr string) (string, error) {
-	pc, err := net.ListenPacket("udp4", addr)
-	if err != nil {
-		return "", err
-	}
-	ln, err := net.Listen("tcp4", pc.LocalAddr().String())
-	if err != nil {
+	// With port 0, TCP takes the port UDP got; when another program's TCP
+	// socket holds it, other ports are tried, a few times (as the gate does).
+	var pc net.PacketConn
+	var ln net.Listener
+	for attempt := 1; ; attempt++ {
+		var err error
+		if pc, err = net.ListenPacket("udp4", addr); err != nil {
+			return "", err
+		}
+		if ln, err = net.Listen("tcp4", pc.LocalAddr().String()); err == nil {
+			break
+		}
 		pc.Close()
-		return "", err
+		if !strings.HasSuffix(addr, ":0") || attempt == 20 {
+			return "", err
+		}
 	}
 	s.udp = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(s.serve("udp"))}
 	s.tcp = &dns.Server{Listener: ln, Handler: dns.HandlerFunc(s.serve("tcp"))}
