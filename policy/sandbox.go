@@ -337,34 +337,80 @@ func (req AddRequest) parse() (Pattern, error) {
 // list, pattern and member) returns the existing rule and changes nothing. A
 // persisted rule is on disk when Add returns.
 func (s *Sandbox) Add(req AddRequest) (*Rule, error) {
-	p, err := req.parse()
+	rules, err := s.AddAll([]AddRequest{req})
 	if err != nil {
 		return nil, err
 	}
-	tier := Session
-	if req.Persist {
-		tier = User
+	return rules[0], nil
+}
+
+// AddAll adds the rules reqs ask for, each as Add adds one, and returns
+// them in order. All or nothing: a request Add would refuse adds none, and
+// the persisted rules are written to the policy file in one edit, so that
+// either every one of them is on disk when AddAll returns or the file and
+// the rules in force are as they were.
+func (s *Sandbox) AddAll(reqs []AddRequest) ([]*Rule, error) {
+	now := s.now().UTC().Truncate(time.Second)
+	rules := make([]*Rule, len(reqs))
+	for i, req := range reqs {
+		p, err := req.parse()
+		if err != nil {
+			return nil, err
+		}
+		tier := Session
+		if req.Persist {
+			tier = User
+		}
+		rules[i] = NewRule(req.List, tier, p, req.Member, req.Source, now)
+		rules[i].Forced = req.Force && req.List == Allowlist
 	}
-	r := NewRule(req.List, tier, p, req.Member, req.Source, s.now().UTC().Truncate(time.Second))
-	r.Forced = req.Force && req.List == Allowlist
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, old := range s.rulesLocked() {
-		if old.ID == r.ID && (old.Tier != Session || !req.Persist) {
-			return old, nil
+	out := slices.Clone(rules)
+	added := map[string]*Rule{} // by ID: a repeat of a request is the rule it added
+	var write, session []*Rule
+	for i, r := range rules {
+		if old := added[r.ID]; old != nil {
+			out[i] = old
+			continue
+		}
+		if old := s.existingLocked(r.ID, reqs[i].Persist); old != nil {
+			out[i] = old
+			continue
+		}
+		added[r.ID] = r
+		if reqs[i].Persist {
+			write = append(write, r)
+		} else {
+			session = append(session, r)
 		}
 	}
-	if !req.Persist {
-		s.setLocked(s.spec, append(slices.Clone(s.session), r))
-		return r, nil
+	session = append(slices.Clone(s.session), session...)
+	if len(write) == 0 {
+		if len(session) > len(s.session) {
+			s.setLocked(s.spec, session)
+		}
+		return out, nil
 	}
-	if err := addRule(s.path, r, s.diskHooksLocked()); err != nil {
+	if err := addRules(s.path, write, s.diskHooksLocked()); err != nil {
 		return nil, s.fileError(err)
 	}
 	// Saving a session rule to the project replaces the session copy.
-	session := slices.DeleteFunc(slices.Clone(s.session), func(x *Rule) bool { return x.ID == r.ID })
-	return r, s.editedLocked(session)
+	session = slices.DeleteFunc(session, func(x *Rule) bool { return added[x.ID] != nil && added[x.ID].Tier == User })
+	return out, s.editedLocked(session)
+}
+
+// existingLocked is the rule in force with this ID that an Add of it
+// returns instead of adding it: any, or for a persisted add one that is
+// not a session rule (a session rule is saved to the project).
+func (s *Sandbox) existingLocked(id string, persist bool) *Rule {
+	for _, old := range s.rulesLocked() {
+		if old.ID == id && (old.Tier != Session || !persist) {
+			return old
+		}
+	}
+	return nil
 }
 
 // Remove deletes the user or session rule with this ID and returns it. A

@@ -440,3 +440,77 @@ func TestSandboxOnResourcesFollowsThePolicyInForce(t *testing.T) {
 		t.Errorf("OnResources heard bandwidths %v, want %v", got, want)
 	}
 }
+
+// TestSandboxAddAllIsAllOrNothing: rules added together are written in one
+// edit. When one of them cannot be written, none is: the file and the rules
+// in force stay as they were. Repeats and rules already there are the
+// rules there.
+func TestSandboxAddAllIsAllOrNothing(t *testing.T) {
+	// The allowlist's user rules sit in a flow mapping, which an edit
+	// refuses to rewrite; the denylist can take entries.
+	s, path := openTestSandbox(t, "sandbox:\n  unknown_action: deny\n  network_allowlist: {user: [{pattern: kept.test}]}\n  network_denylist:\n    - pattern: evil.test\n")
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.AddAll([]AddRequest{
+		{Pattern: "pastebin.test", List: Denylist, Persist: true},
+		{Pattern: "new.test", List: Allowlist, Persist: true},
+	})
+	if err == nil || !strings.Contains(err.Error(), `"new.test"`) {
+		t.Fatalf("AddAll with a rule that cannot be written: %v, want an error naming new.test", err)
+	}
+	if after, _ := os.ReadFile(path); string(after) != string(before) {
+		t.Errorf("the file changed:\n%s", after)
+	}
+	for _, r := range s.Rules() {
+		if p := r.Pattern.String(); p == "pastebin.test" || p == "new.test" {
+			t.Errorf("%s %s in force after a failed AddAll", r.List, p)
+		}
+	}
+
+	s, path = openTestSandbox(t, "sandbox:\n  unknown_action: deny\n  network_allowlist:\n    user:\n      - pattern: kept.test\n")
+	rules, err := s.AddAll([]AddRequest{
+		{Pattern: "one.test", List: Allowlist, Persist: true, Source: "learned"},
+		{Pattern: "kept.test", List: Allowlist, Persist: true},
+		{Pattern: "two.test", List: Allowlist, Persist: true, Member: "agent"},
+		{Pattern: "one.test", List: Allowlist, Persist: true},
+		{Pattern: "bad.test", List: Denylist, Persist: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"one.test", "kept.test", "two.test", "one.test", "bad.test"}
+	for i, r := range rules {
+		if r.Pattern.String() != want[i] || r.Tier != User {
+			t.Errorf("rules[%d] = %s %s, want user rule %s", i, r.Tier, r.Pattern, want[i])
+		}
+	}
+	if rules[0] != rules[3] {
+		t.Errorf("a repeated request added a second rule")
+	}
+	file, _ := os.ReadFile(path)
+	if n := strings.Count(string(file), "one.test"); n != 1 {
+		t.Errorf("one.test written %d times:\n%s", n, file)
+	}
+	for _, w := range []string{"kept.test", "two.test", `member: "agent"`, "network_denylist", "bad.test", `source: "learned"`} {
+		if !strings.Contains(string(file), w) {
+			t.Errorf("file lacks %q:\n%s", w, file)
+		}
+	}
+	for host, verdict := range map[string]Verdict{"one.test": Allow, "kept.test": Allow, "bad.test": Deny, "other.test": Deny} {
+		if d := s.Decide(Query{Host: host, Port: 443}); d.Verdict != verdict {
+			t.Errorf("%s: %v, want %v", host, d.Verdict, verdict)
+		}
+	}
+	if d := s.Decide(Query{Source: "agent", Host: "two.test", Port: 443}); d.Verdict != Allow {
+		t.Errorf("two.test for agent: %v", d.Verdict)
+	}
+	// A bad request adds nothing, also after good ones.
+	if _, err := s.AddAll([]AddRequest{{Pattern: "three.test", List: Allowlist, Persist: true}, {Pattern: "*.com", List: Allowlist, Persist: true}}); err == nil {
+		t.Fatal("AddAll took a broad pattern without force")
+	}
+	if after, _ := os.ReadFile(path); string(after) != string(file) {
+		t.Errorf("a refused AddAll changed the file:\n%s", after)
+	}
+}

@@ -49,36 +49,73 @@ func AddRule(path string, r *Rule) error {
 }
 
 func addRule(path string, r *Rule, hooks writeHooks) error {
-	if r == nil {
-		return fmt.Errorf("add rule to %s: no rule", path)
+	return addRules(path, []*Rule{r}, hooks)
+}
+
+// addRules appends rules to the policy file in one edit, as AddRule appends
+// one: either every rule is written or the file is left as it was. Rules
+// the file already holds, and repeats among rules, are skipped.
+func addRules(path string, rules []*Rule, hooks writeHooks) error {
+	checked := make([]*Rule, len(rules))
+	for i, r := range rules {
+		if r == nil {
+			return fmt.Errorf("add rule to %s: no rule", path)
+		}
+		nr, err := checkNewRule(r)
+		if err != nil {
+			return addError(path, r, err)
+		}
+		checked[i] = nr
 	}
-	nr, err := checkNewRule(r)
-	if err == nil {
-		err = editFile(path, hooks, func(t *policyText, root *yaml.Node, old *Spec) ([]byte, error) {
-			if hasRule(old, nr) {
-				return nil, nil
+	var failed *Rule
+	err := editFile(path, hooks, func(t *policyText, root *yaml.Node, old *Spec) ([]byte, error) {
+		// Each rule is inserted into the text the one before it left, read
+		// again for its positions; the result is checked against the old
+		// file and every rule once, at the end.
+		var out []byte
+		want, cur, curRoot := *old, old, root
+		for _, nr := range checked {
+			if hasRule(cur, nr) {
+				continue
 			}
-			existing := old.User
+			existing := cur.User
 			if nr.List == Denylist {
-				existing = old.Deny
+				existing = cur.Deny
 			}
-			out, err := t.insertEntry(root, listKeys(nr.List), nr, existing)
+			next, err := t.insertEntry(curRoot, listKeys(nr.List), nr, existing)
 			if err != nil {
+				failed = nr
 				return nil, err
 			}
-			want := *old
-			if nr.List == Allowlist {
-				want.User = append(slices.Clip(old.User), nr)
-			} else {
-				want.Deny = append(slices.Clip(old.Deny), nr)
+			if cur, curRoot, err = parseSpec(path, next); err != nil {
+				failed = nr
+				return nil, fmt.Errorf("the edited file would not load, so it was left unchanged: %w", err)
 			}
-			return out, checkEdit(path, root, out, &want)
-		})
+			if nr.List == Allowlist {
+				want.User = append(slices.Clip(want.User), nr)
+			} else {
+				want.Deny = append(slices.Clip(want.Deny), nr)
+			}
+			t, out = newText(next), next
+		}
+		if out == nil {
+			return nil, nil
+		}
+		return out, checkEdit(path, root, out, &want)
+	})
+	switch {
+	case err == nil:
+		return nil
+	case failed == nil && len(rules) == 1:
+		failed = rules[0]
+	case failed == nil:
+		return fmt.Errorf("add %d rules to %s: %w", len(rules), path, err)
 	}
-	if err != nil {
-		return fmt.Errorf("add %s rule %q to %s: %w", r.List, r.Pattern.String(), path, err)
-	}
-	return nil
+	return addError(path, failed, err)
+}
+
+func addError(path string, r *Rule, err error) error {
+	return fmt.Errorf("add %s rule %q to %s: %w", r.List, r.Pattern.String(), path, err)
 }
 
 // RemoveRule deletes the user rule with this ID from list l of the policy

@@ -1,7 +1,9 @@
 package ui
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -225,5 +227,27 @@ func TestProposalThroughTheAPI(t *testing.T) {
 	}
 	if d := h.sb.pol.Decide(policy.Query{Source: "agent", Host: "b.cdn.test", Port: 443}); d.Verdict != policy.Allow || d.Rule == nil {
 		t.Errorf("b.cdn.test after saving: %v", d)
+	}
+
+	// A save the file cannot take whole saves nothing: the first rules
+	// would fit, the last would take the file past its size limit.
+	pad := policy.MaxFileSize - len(file) - 600
+	if err := os.WriteFile(h.policy, append(append(file, "# "...), append(bytes.Repeat([]byte("x"), pad), '\n')...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.sb.pol.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	before, _ = os.ReadFile(h.policy)
+	long := strings.Repeat("a", 60)
+	code, body = h.do(t, "POST", "/api/v1/sandboxes/myapp/proposal", fmt.Sprintf(`{"rules": [{"pattern": "fits.test"}, {"pattern": "%[1]s.one.test"}, {"pattern": "%[1]s.two.test"}, {"pattern": "%[1]s.three.test"}, {"pattern": "%[1]s.four.test"}]}`, long))
+	if code != 500 || !strings.Contains(body, "nothing was saved") {
+		t.Fatalf("save past the size limit: %d %s", code, body)
+	}
+	if after, _ := os.ReadFile(h.policy); string(after) != string(before) {
+		t.Errorf("a save that could not be written whole changed the file (%d bytes to %d)", len(before), len(after))
+	}
+	if d := h.sb.pol.Decide(policy.Query{Source: "agent", Host: "fits.test", Port: 443}); d.Rule != nil {
+		t.Errorf("fits.test in force after a save that failed: %v", d)
 	}
 }

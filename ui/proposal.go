@@ -91,8 +91,8 @@ func (s *Server) getProposal(c echo.Context) error {
 }
 
 // saveProposal adds reviewed patterns to the policy file, with source
-// "learned DATE". Every pattern is checked first: one bad pattern is a 400
-// and nothing is saved.
+// "learned DATE", in one edit: one bad pattern is a 400, and a file that
+// cannot be written a 500, and either way nothing is saved.
 func (s *Server) saveProposal(c echo.Context) error {
 	var b SaveProposalBody
 	if err := decode(c, &b); err != nil {
@@ -112,17 +112,18 @@ func (s *Server) saveProposal(c echo.Context) error {
 		}
 	}
 	sb := sandboxOf(c)
-	added := []RuleView{}
-	for _, req := range reqs {
-		rule, err := sb.Policy().Add(req)
-		switch {
-		case isHeldEdit(err):
-			return failHeldEdit(err)
-		case err != nil:
-			return fail(http.StatusInternalServerError, err.Error(), fmt.Sprintf("the policy file could not be written; %d of %d rules were saved", len(added), len(b.Rules)))
-		}
+	// One edit of the file: every rule is saved or none is.
+	rules, err := sb.Policy().AddAll(reqs)
+	switch {
+	case isHeldEdit(err):
+		return failHeldEdit(err)
+	case err != nil:
+		return fail(http.StatusInternalServerError, err.Error(), "the policy file could not be written; nothing was saved")
+	}
+	added := make([]RuleView, len(rules))
+	for i, rule := range rules {
 		sb.Journal().Add(audit.Entry{Kind: audit.KindRule, Sandbox: sb.Name(), Action: "added", RuleID: rule.ID, Rule: rule.Pattern.String(), List: "allowlist", Reason: source})
-		added = append(added, viewRule(rule))
+		added[i] = viewRule(rule)
 	}
 	sb.Broker().ReleaseAllowed()
 	return c.JSON(http.StatusCreated, added)
