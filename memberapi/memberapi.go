@@ -12,7 +12,6 @@
 package memberapi
 
 import (
-	"bytes"
 	"cmp"
 	"encoding/json"
 	"errors"
@@ -28,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/airlockhq/airlock/internal/jsonbody"
 	"github.com/airlockhq/airlock/internal/ratelog"
 	"github.com/airlockhq/airlock/policy"
 )
@@ -356,17 +356,9 @@ func decode(r *http.Request) (policy.AskRequest, error) {
 	if len(data) > MaxBody {
 		return policy.AskRequest{}, fmt.Errorf("the body is over %d bytes", MaxBody)
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var b Body
-	if err := dec.Decode(&b); err != nil {
+	if err := jsonbody.Decode(data, &b); err != nil {
 		return policy.AskRequest{}, fmt.Errorf("bad JSON: %v", err)
-	}
-	if dec.More() {
-		return policy.AskRequest{}, errors.New("bad JSON: more than one value")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return policy.AskRequest{}, errors.New("bad JSON: data after the object")
 	}
 	kind, err := policy.ParseAskKind(b.Kind)
 	if err != nil {

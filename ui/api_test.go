@@ -244,7 +244,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}{
 		{"unknown field", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "a.test", "persit": true}`, 400, "unknown field"},
 		{"not json", "POST", "/api/v1/sandboxes/myapp/allowlist", `pattern=a.test`, 400, "bad JSON"},
-		{"two objects", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern":"a.test"}{"pattern":"b.test"}`, 400, "more than one"},
+		{"two objects", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern":"a.test"}{"pattern":"b.test"}`, 400, "data after the JSON value"},
+		{"a stray brace after the object", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern":"a.test"}}`, 400, "data after the JSON value"},
 		{"array", "POST", "/api/v1/sandboxes/myapp/allowlist", `[{"pattern":"a.test"}]`, 400, "bad JSON"},
 		{"no pattern", "POST", "/api/v1/sandboxes/myapp/allowlist", `{}`, 400, "no pattern"},
 		{"bad pattern", "POST", "/api/v1/sandboxes/myapp/allowlist", `{"pattern": "api.*.example.com"}`, 400, "regex"},

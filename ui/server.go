@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/airlockhq/airlock/internal/audit"
+	"github.com/airlockhq/airlock/internal/jsonbody"
 	"github.com/airlockhq/airlock/policy"
 )
 
@@ -473,13 +473,8 @@ func decode(c echo.Context, v any) error {
 		}
 		return fail(http.StatusBadRequest, "cannot read the request body", "")
 	}
-	dec := json.NewDecoder(strings.NewReader(string(body)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := jsonbody.Decode(body, v); err != nil {
 		return fail(http.StatusBadRequest, "bad JSON body: "+err.Error(), "send one JSON object with the fields docs/api.md lists")
-	}
-	if dec.More() {
-		return fail(http.StatusBadRequest, "bad JSON body: more than one value", "send one JSON object")
 	}
 	return nil
 }

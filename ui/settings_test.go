@@ -203,3 +203,19 @@ func TestApprovalTimeoutInForce(t *testing.T) {
 		t.Errorf("held %v: %+v; want a denial after 1 s", took, out)
 	}
 }
+
+// TestSettingsBodyWithTrailingBytes: a body with bytes after its object
+// (a stray } or ], which encoding/json's More does not report) is a 400 and
+// changes nothing.
+func TestSettingsBodyWithTrailingBytes(t *testing.T) {
+	h := newAPI(t, settingsFile)
+	for _, b := range []string{`{"unknown_action": "allow"}}`, `{"unknown_action": "allow"}]`, `{"unknown_action": "allow"},`, `{"unknown_action": "allow"} {}`} {
+		code, body := h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", b)
+		if code != 400 {
+			t.Errorf("PATCH %s: %d %s; want 400", b, code, body)
+		}
+	}
+	if file, _ := os.ReadFile(h.policy); string(file) != settingsFile {
+		t.Errorf("a malformed body changed the policy file:\n%s", file)
+	}
+}
