@@ -148,8 +148,11 @@ type Outcome struct {
 type BrokerEvent struct {
 	Kind    string // "opened" or "decided"
 	Pending Pending
-	Action  string // for "decided": deny, allow_once, allow_pattern, allow, failed or timeout
-	Rule    *Rule
+	// Action, for "decided": deny, allow_once, allow_pattern, allow,
+	// failed, timeout, or gone (the request it showed went away: its
+	// member hung up; any others that joined it are asked about anew).
+	Action string
+	Rule   *Rule
 }
 
 // BrokerConfig configures a Broker.
@@ -204,7 +207,10 @@ type pendingState struct {
 	// waiters are the held connections or requests, first asker first;
 	// guarded by Broker.mu.
 	waiters []*waiter
-	timer   *time.Timer // times the approval out
+	// shown is the waiter whose request the approval shows (its headers
+	// and reason): the only one allow once lets through.
+	shown *waiter
+	timer *time.Timer // times the approval out
 }
 
 // waiter is one held connection or request.
@@ -212,6 +218,10 @@ type waiter struct {
 	ps   *pendingState // the approval it waits on; guarded by Broker.mu
 	done chan struct{} // closed when it is answered
 	out  Outcome
+	// headers and reason are its own request's: asks that share an
+	// approval may differ in them.
+	headers map[string][]string
+	reason  string
 }
 
 // askKey says which asks share an approval.
@@ -298,7 +308,7 @@ var ErrNoPending = errors.New("no such pending approval")
 // (denied), or ctx ends (denied, without deciding for others waiting).
 func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
 	req.Kind, req.Requested = AskNetwork, false
-	w := &waiter{done: make(chan struct{})}
+	w := newWaiter(req)
 	if why := b.join(req, w); why != "" {
 		log := b.cfg.Logger
 		if log == nil {
@@ -317,6 +327,10 @@ func (b *Broker) Ask(ctx context.Context, req AskRequest) Outcome {
 		<-w.done // answered meanwhile
 		return w.out
 	}
+}
+
+func newWaiter(req AskRequest) *waiter {
+	return &waiter{done: make(chan struct{}), headers: req.Headers, reason: req.Reason}
 }
 
 // join holds w on the approval for req, opening one if need be; it
@@ -392,6 +406,9 @@ func (b *Broker) openLocked(ps *pendingState, waiters []*waiter) Pending {
 	for _, w := range waiters {
 		w.ps = ps
 	}
+	// It shows the first waiter's own request.
+	ps.shown = waiters[0]
+	ps.Headers, ps.Reason = ps.shown.headers, ps.shown.reason
 	b.pending[ps.ID] = ps
 	ps.timer = time.AfterFunc(timeout, func() {
 		b.resolve(ps, Outcome{Reason: fmt.Sprintf("no decision within %s", timeout.Round(time.Second))}, "timeout", nil)
@@ -401,20 +418,42 @@ func (b *Broker) openLocked(ps *pendingState, waiters []*waiter) Pending {
 
 // leave takes w off its approval; it reports false when w was answered
 // already. An approval nobody waits on any more is dropped: the question
-// is moot.
+// is moot. One whose shown request leaves is asked anew about the others,
+// each of which the person has not seen: a new approval shows the next
+// one's own request. Either is announced as decided "gone".
 func (b *Broker) leave(w *waiter) bool {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	ps := w.ps
 	i := slices.Index(ps.waiters, w)
 	if i < 0 {
+		b.mu.Unlock()
 		return false
 	}
 	ps.waiters = slices.Delete(ps.waiters, i, i+1)
 	ps.Waiting = len(ps.waiters)
-	if len(ps.waiters) == 0 {
-		delete(b.pending, ps.ID)
-		ps.timer.Stop()
+	if w != ps.shown && len(ps.waiters) > 0 {
+		b.mu.Unlock()
+		return true
+	}
+	// Off the list unless it is being decided: a decision in flight
+	// answers those left.
+	if !b.takeLocked(ps) {
+		b.mu.Unlock()
+		return true
+	}
+	gone := ps.Pending
+	var reopened *Pending
+	if len(ps.waiters) > 0 {
+		next := &pendingState{Pending: ps.Pending, key: ps.key, query: ps.query}
+		next.Sources = slices.Clone(ps.Sources)
+		p := b.openLocked(next, ps.waiters)
+		reopened = &p
+	}
+	ps.waiters = nil
+	b.mu.Unlock()
+	b.emit(BrokerEvent{Kind: "decided", Pending: gone, Action: "gone"})
+	if reopened != nil {
+		b.emit(BrokerEvent{Kind: "opened", Pending: *reopened})
 	}
 	return true
 }
@@ -468,7 +507,10 @@ func (b *Broker) allowOnce(ps *pendingState) bool {
 		b.mu.Unlock()
 		return false
 	}
-	first, rest := ps.waiters[0], ps.waiters[1:]
+	// The shown waiter is there: had it left, the approval would have
+	// been asked anew (see leave).
+	first := ps.shown
+	rest := slices.DeleteFunc(slices.Clone(ps.waiters), func(w *waiter) bool { return w == first })
 	ps.waiters = nil
 	decided := ps.Pending
 	decided.Waiting = 1
@@ -476,7 +518,7 @@ func (b *Broker) allowOnce(ps *pendingState) bool {
 	if len(rest) > 0 {
 		next := &pendingState{Pending: ps.Pending, key: ps.key, query: ps.query}
 		next.Sources = slices.Clone(ps.Sources)
-		p := b.openLocked(next, slices.Clone(rest))
+		p := b.openLocked(next, rest)
 		reopened = &p
 	}
 	b.mu.Unlock()
@@ -533,25 +575,13 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 	case ResolveAllow:
 		return nil, b.grant(ps)
 	case ResolveDeny:
-		var rule *Rule
-		if c.Persist {
-			pattern := c.Pattern
-			if pattern == "" {
-				pattern = ps.Host
-				if isIPLiteral(ps.Host) {
-					pattern = "cidr:" + ps.Host + "/32"
-				}
+		if !c.Persist {
+			if !b.resolve(ps, Outcome{Reason: "denied by a person"}, "deny", nil) {
+				return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
 			}
-			r, err := b.cfg.Sandbox.Add(AddRequest{Pattern: pattern, List: Denylist, Persist: true, Source: "denied during run"})
-			if err != nil {
-				return nil, err
-			}
-			rule = r
+			return nil, nil
 		}
-		if !b.resolve(ps, Outcome{Reason: "denied by a person", Rule: rule}, "deny", rule) {
-			return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
-		}
-		return rule, nil
+		return b.denyAndSave(ps, c.Pattern)
 	case ResolveAllowOnce:
 		if !b.allowOnce(ps) {
 			return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
@@ -576,6 +606,54 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 		return r, nil
 	}
 	return nil, fmt.Errorf("decide %s: unknown action %v", id, c.Action)
+}
+
+// denyAndSave denies an approval and saves a deny rule for it (pattern, or
+// its host). The approval is taken off the list before the rule is
+// written, so that it cannot end meanwhile with the rule saved and the
+// decision refused; if the rule cannot be saved, it is put back as it was
+// (or times out, if its time ran out meanwhile) and nothing changed.
+func (b *Broker) denyAndSave(ps *pendingState, pattern string) (*Rule, error) {
+	b.mu.Lock()
+	if !b.takeLocked(ps) {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("decide %s: %w", ps.ID, ErrNoPending)
+	}
+	b.mu.Unlock()
+	if pattern == "" {
+		pattern = ps.Host
+		if isIPLiteral(ps.Host) {
+			pattern = "cidr:" + ps.Host + "/32"
+		}
+	}
+	rule, err := b.cfg.Sandbox.Add(AddRequest{Pattern: pattern, List: Denylist, Persist: true, Source: "denied during run"})
+	b.mu.Lock()
+	waiters := ps.waiters
+	if err != nil {
+		kept := b.putBackLocked(ps)
+		b.mu.Unlock()
+		if !kept {
+			b.emit(BrokerEvent{Kind: "decided", Pending: ps.Pending, Action: "gone"})
+		}
+		return nil, err
+	}
+	ps.waiters = nil
+	decided := ps.Pending
+	b.mu.Unlock()
+	b.answer(decided, waiters, Outcome{Reason: "denied by a person", Rule: rule}, "deny", rule)
+	return rule, nil
+}
+
+// putBackLocked returns an approval takeLocked took to the list, with the
+// time it has left, and reports true; one whose waiters all left meanwhile
+// is dropped (false), to be announced as gone.
+func (b *Broker) putBackLocked(ps *pendingState) bool {
+	if len(ps.waiters) == 0 {
+		return false
+	}
+	b.pending[ps.ID] = ps
+	ps.timer.Reset(max(ps.Deadline.Sub(b.cfg.Now()), 0))
+	return true
 }
 
 // checkChoice refuses an action that does not apply to the approval's

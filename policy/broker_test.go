@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -546,4 +548,200 @@ func TestBrokerBoundsHeldAsks(t *testing.T) {
 	if o := outcome(t, full); o.Allowed || !strings.Contains(o.Reason, "in the sandbox (limit 3)") {
 		t.Errorf("an ask over the sandbox's bound: %+v, want denied at once", o)
 	}
+}
+
+// Requests that share an approval (same member, method and URL) may differ
+// in their headers; allow once lets through the one whose headers the
+// person was shown, and every other is shown with its own when it is asked
+// about anew: after allow once, and when the shown one's member hangs up.
+func TestBrokerShowsEachHeldRequestsOwnHeaders(t *testing.T) {
+	req := func(n string) AskRequest {
+		return AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "POST", URL: "https://x.example/upload",
+			Headers: map[string][]string{"X-N": {n}}, Reason: "reason " + n}
+	}
+	shows := func(t *testing.T, p Pending, n string) {
+		t.Helper()
+		if got := p.Headers["X-N"]; len(got) != 1 || got[0] != n || p.Reason != "reason "+n {
+			t.Fatalf("approval shows X-N %v, reason %q; want the held request's own, %s", got, p.Reason, n)
+		}
+	}
+
+	t.Run("after allow once", func(t *testing.T) {
+		b, _, _, _ := newTestBroker(t, time.Minute)
+		first := ask(t, b, req("one"))
+		waitPending(t, b, 1, 1)
+		second := ask(t, b, req("two"))
+		p := waitPending(t, b, 1, 2)[0]
+		shows(t, p, "one")
+		if _, err := b.Decide(p.ID, Choice{Action: ResolveAllowOnce}); err != nil {
+			t.Fatal(err)
+		}
+		if o := outcome(t, first); !o.Allowed {
+			t.Fatalf("the request shown: %+v", o)
+		}
+		q := waitPending(t, b, 1, 1)[0]
+		shows(t, q, "two")
+		stillHeld(t, second, "the request not shown yet")
+		if _, err := b.Decide(q.ID, Choice{Action: ResolveAllowOnce}); err != nil {
+			t.Fatal(err)
+		}
+		if o := outcome(t, second); !o.Allowed {
+			t.Errorf("the second request, once shown and allowed: %+v", o)
+		}
+	})
+
+	t.Run("when the shown request goes away", func(t *testing.T) {
+		b, _, _, events := newTestBroker(t, time.Minute)
+		ctx, cancel := context.WithCancel(context.Background())
+		first := make(chan Outcome, 1)
+		go func() { first <- b.Ask(ctx, req("benign")) }()
+		p := waitPending(t, b, 1, 1)[0]
+		second := ask(t, b, req("exfil"))
+		waitPending(t, b, 1, 2)
+		third := ask(t, b, req("three"))
+		waitPending(t, b, 1, 3)
+		cancel() // the member hangs up the request the person is shown
+		if o := <-first; o.Allowed {
+			t.Fatalf("hung up: %+v", o)
+		}
+		q := waitPending(t, b, 1, 2)[0]
+		if q.ID == p.ID {
+			t.Fatalf("the approval the person saw (%s) still stands for requests they did not see", p.ID)
+		}
+		shows(t, q, "exfil")
+		// A decision made on what the person saw before finds nothing.
+		if _, err := b.Decide(p.ID, Choice{Action: ResolveAllowOnce}); !errors.Is(err, ErrNoPending) {
+			t.Errorf("allow once of the approval that is gone: %v, want ErrNoPending", err)
+		}
+		stillHeld(t, second, "a request never shown")
+		stillHeld(t, third, "a request never shown")
+		if !announced(events, p.ID, "gone") {
+			t.Errorf("no decided event (gone) for %s: %+v", p.ID, *events)
+		}
+		if _, err := b.Decide(q.ID, Choice{Action: ResolveAllowOnce}); err != nil {
+			t.Fatal(err)
+		}
+		if o := outcome(t, second); !o.Allowed {
+			t.Errorf("the request shown now: %+v", o)
+		}
+		stillHeld(t, third, "a request never shown")
+		shows(t, waitPending(t, b, 1, 1)[0], "three")
+	})
+
+	t.Run("a joiner going away changes nothing", func(t *testing.T) {
+		b, _, _, _ := newTestBroker(t, time.Minute)
+		first := ask(t, b, req("one"))
+		waitPending(t, b, 1, 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan Outcome, 1)
+		go func() { done <- b.Ask(ctx, req("two")) }()
+		p := waitPending(t, b, 1, 2)[0]
+		cancel()
+		<-done
+		if q := waitPending(t, b, 1, 1)[0]; q.ID != p.ID {
+			t.Errorf("approval %s became %s when a request it did not show left", p.ID, q.ID)
+		}
+		if _, err := b.Decide(p.ID, Choice{Action: ResolveAllowOnce}); err != nil {
+			t.Fatal(err)
+		}
+		if o := outcome(t, first); !o.Allowed {
+			t.Errorf("the request shown: %+v", o)
+		}
+	})
+}
+
+// announced reports whether events hold a decided event with action for
+// the approval id.
+func announced(events *[]BrokerEvent, id, action string) bool {
+	for _, e := range *events {
+		if e.Kind == "decided" && e.Pending.ID == id && e.Action == action {
+			return true
+		}
+	}
+	return false
+}
+
+// An approval whose only held request hangs up is dropped and announced
+// (decided, gone), so that the page and the journal close it.
+func TestBrokerAnnouncesADroppedApproval(t *testing.T) {
+	b, _, _, events := newTestBroker(t, time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan Outcome, 1)
+	go func() { done <- b.Ask(ctx, AskRequest{Source: "agent", Host: "gone.test", Port: 443}) }()
+	p := waitPending(t, b, 1, 1)[0]
+	cancel()
+	<-done
+	waitPending(t, b, 0, 0)
+	if !announced(events, p.ID, "gone") {
+		t.Errorf("approval %s dropped with no decided event (gone): %+v", p.ID, *events)
+	}
+}
+
+// Deny with a saved rule: the approval cannot end (time out) while the
+// rule is written, so the rule is never saved for a decision refused; and
+// a rule that cannot be saved leaves the approval pending as it was.
+func TestBrokerPersistedDenyIsAllOrNothing(t *testing.T) {
+	t.Run("the approval waits for the rule", func(t *testing.T) {
+		b, s, path, events := newTestBroker(t, 300*time.Millisecond)
+		// The policy file's lock is held (a member may hold it: the file
+		// sits in its project) past the approval's timeout.
+		lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lock.Close()
+		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+			t.Fatal(err)
+		}
+		held := ask(t, b, AskRequest{Source: "agent", Host: "evil.test", Port: 443})
+		p := waitPending(t, b, 1, 1)[0]
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.Decide(p.ID, Choice{Action: ResolveDeny, Persist: true})
+			done <- err
+		}()
+		waitPending(t, b, 0, 0) // taken to be decided
+		stillHeld(t, held, "the request being denied")
+		time.Sleep(400 * time.Millisecond) // not a wait: past the approval's timeout
+		syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+		if err := <-done; err != nil {
+			t.Fatalf("deny and save: %v", err)
+		}
+		o := outcome(t, held)
+		if o.Allowed || o.Action != "deny" || o.Rule == nil {
+			t.Errorf("outcome %+v, want denied by the saved rule", o)
+		}
+		if d := s.Decide(Query{Host: "evil.test", Port: 443}); d.Verdict != Deny || d.Rule == nil {
+			t.Errorf("evil.test after the saved deny: %v", d)
+		}
+		if announced(events, p.ID, "timeout") {
+			t.Errorf("the approval timed out while it was being decided")
+		}
+	})
+	t.Run("a rule that cannot be saved", func(t *testing.T) {
+		b, _, path, _ := newTestBroker(t, time.Minute)
+		// An edit refuses a flow-style sandbox section.
+		const flow = "sandbox: {unknown_action: ask}\n"
+		if err := os.WriteFile(path, []byte(flow), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		held := ask(t, b, AskRequest{Source: "agent", Host: "evil.test", Port: 443})
+		p := waitPending(t, b, 1, 1)[0]
+		if _, err := b.Decide(p.ID, Choice{Action: ResolveDeny, Persist: true}); err == nil {
+			t.Fatal("deny and save into a file the edit refuses: no error")
+		}
+		if q := waitPending(t, b, 1, 1)[0]; q.ID != p.ID || !q.Deadline.Equal(p.Deadline) {
+			t.Errorf("after the failed save: %+v, want %s as it was", q, p.ID)
+		}
+		stillHeld(t, held, "the request whose deny could not be saved")
+		if got := readFile(t, path); got != flow {
+			t.Errorf("the file changed: %q", got)
+		}
+		if _, err := b.Decide(p.ID, Choice{Action: ResolveDeny}); err != nil {
+			t.Fatal(err)
+		}
+		if o := outcome(t, held); o.Allowed {
+			t.Errorf("denied: %+v", o)
+		}
+	})
 }

@@ -376,7 +376,7 @@ func (b *Broker) Request(req AskRequest) (*Ticket, error) {
 	if req.Kind != AskNetwork {
 		req.Host, req.URL = "", ""
 	}
-	w := &waiter{done: make(chan struct{})}
+	w := newWaiter(req)
 	if why := b.join(req, w); why != "" {
 		return nil, fmt.Errorf("%w: %s", ErrTooManyHeld, why)
 	}

@@ -347,7 +347,7 @@ function markDecided(id, action, why) {
   const td = r.querySelector("td:nth-child(5)");
   r.dataset.verdict = allowed ? "allow" : "deny";
   td.className = allowed ? "status-allow" : action === "failed" ? "status-error" : "status-deny";
-  td.textContent = action === "allow" ? "allowed" : allowed ? "allowed (" + action.replace("_", " ") + ")" : action === "timeout" ? "denied (no decision)" : action === "failed" ? "allowed, but failed" : "denied";
+  td.textContent = action === "allow" ? "allowed" : allowed ? "allowed (" + action.replace("_", " ") + ")" : action === "timeout" ? "denied (no decision)" : action === "gone" ? "gone (the member hung up)" : action === "failed" ? "allowed, but failed" : "denied";
   if (!allowed) { state.counts.deny++; renderCounters(); }
 }
 
