@@ -59,7 +59,7 @@ func TestWebMemberRequests(t *testing.T) {
 	member = w.Start(cfg, "default", "agent", 60*time.Second, "sh", "-c", serve+" >/dev/null & P=$!; "+shellQuote(ask("", `{"kind":"port","port":8080,"reason":"preview the app"}`))+"; sleep 10; kill $P") // the member lives on while the preview is opened
 	id := waitPendingAPI(t, w, token)
 	got = read()
-	want = dialog{Title: "Open a port for a preview?", Label: "Port", Host: "8080", Source: "agent", URL: "port 8080 (airlockd listens on 127.0.0.1 and forwards to it)",
+	want = dialog{Title: "Open a port for a preview?", Label: "Port", Host: "8080", Source: "agent", URL: "port 8080 (airlockd listens on 127.0.0.1 and forwards to it: this host only)",
 		Reason: "preview the app", Allow: true}
 	if got != want {
 		t.Errorf("port request dialog:\n got %+v\nwant %+v", got, want)

@@ -337,6 +337,8 @@ func TestApprovalsThroughTheAPI(t *testing.T) {
 // another kind is a 400 that decides nothing.
 func TestApprovalKindsThroughTheAPI(t *testing.T) {
 	h := newAPI(t, "sandbox:\n  approval_timeout: 30\n")
+	// Port requests say where an allowed one listens: expose_listen.
+	h.srv.cfg.Exposures = &fakeExposer{listen: "192.0.2.7"}
 	port, err := h.sb.broker.Request(policy.AskRequest{Kind: policy.AskPort, Source: "agent", Port: 8080, Reason: "preview \u202eppa"})
 	if err != nil {
 		t.Fatal(err)
@@ -353,7 +355,7 @@ func TestApprovalKindsThroughTheAPI(t *testing.T) {
 	}
 	byID := map[string]ApprovalView{list[0].ID: list[0], list[1].ID: list[1]}
 	pv, nv := byID[port.ID()], byID[netReq.ID()]
-	if pv.Kind != "port" || !pv.Requested || pv.Port != 8080 || pv.Source != "agent" || pv.Reason != "preview \u202eppa" || strings.Join(pv.Actions, ",") != "deny,allow" {
+	if pv.Kind != "port" || !pv.Requested || pv.Port != 8080 || pv.Source != "agent" || pv.Reason != "preview \u202eppa" || strings.Join(pv.Actions, ",") != "deny,allow" || pv.Listen != "192.0.2.7" || nv.Listen != "" {
 		t.Errorf("port approval = %+v", pv)
 	}
 	if nv.Kind != "network" || !nv.Requested || nv.URL != "https://pypi.org/simple/" || strings.Join(nv.Actions, ",") != "deny,allow_pattern" || len(nv.Suggestions) == 0 {

@@ -53,6 +53,9 @@ type Exposer interface {
 	CloseExposure(sandbox, id string) error
 	// Members lists the sandbox's live members, which can be exposed.
 	Members(sandbox string) []MemberView
+	// ExposeListen is the host address exposures listen on (expose_listen),
+	// also those an allowed port request opens.
+	ExposeListen() string
 }
 
 // MaxMemberName bounds a member name in a request.

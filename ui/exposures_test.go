@@ -13,6 +13,8 @@ type fakeExposer struct {
 	mu    sync.Mutex
 	calls int // ExposePort calls that reached it
 	open  []Exposure
+	// listen is ExposeListen's answer; "" means 127.0.0.1.
+	listen string
 }
 
 func (f *fakeExposer) ExposePort(sb string, req ExposeRequest) (Exposure, error) {
@@ -43,6 +45,13 @@ func (f *fakeExposer) CloseExposure(sb, id string) error {
 		}
 	}
 	return &ManagerError{Msg: "no open exposure " + id, NotFound: true}
+}
+
+func (f *fakeExposer) ExposeListen() string {
+	if f.listen == "" {
+		return "127.0.0.1"
+	}
+	return f.listen
 }
 
 func (f *fakeExposer) Members(sb string) []MemberView {

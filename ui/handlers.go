@@ -292,6 +292,9 @@ func (s *Server) listApprovals(c echo.Context) error {
 		if agents != nil {
 			v.Agent = agents.AgentOf(p.Source)
 		}
+		if p.Kind == policy.AskPort && s.cfg.Exposures != nil {
+			v.Listen = s.cfg.Exposures.ExposeListen()
+		}
 		out = append(out, v)
 	}
 	return c.JSON(http.StatusOK, out)

@@ -118,6 +118,9 @@ type ApprovalView struct {
 	MemoryMB int     `json:"memory_mb,omitempty"`
 	CPUs     float64 `json:"cpus,omitempty"`
 	Pids     int     `json:"pids,omitempty"`
+	// Listen is, for a port request, the host address an allowed one
+	// listens on (expose_listen); "" when this airlockd cannot open ports.
+	Listen string `json:"listen,omitempty"`
 	// Actions are the actions POST …/approvals/{id} takes for it.
 	Actions []string `json:"actions"`
 }

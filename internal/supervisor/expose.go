@@ -198,6 +198,9 @@ func exposureEntry(x ui.Exposure, action, reason string) audit.Entry {
 		Action: action, Reason: reason, ExposureID: x.ID}
 }
 
+// ExposeListen is the address exposures listen on (ui.Exposer).
+func (d *Daemon) ExposeListen() string { return d.cfg.ExposeListen.String() }
+
 // Exposures lists a sandbox's open exposures, oldest first. It implements
 // ui.Exposer.
 func (d *Daemon) Exposures(sandbox string) []ui.Exposure {

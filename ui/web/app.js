@@ -322,6 +322,13 @@ function approvalWhat(p) {
   if (p.kind === "resources") return resourcesText(p);
   return p.url;
 }
+// portText says where an allowed port request is reached from: the
+// address airlockd listens on (expose_listen), which the approval carries.
+function portText(p) {
+  if (!p.listen) return "port " + p.port + " (this airlockd cannot open ports)";
+  const local = p.listen === "127.0.0.1" || p.listen === "::1";
+  return "port " + p.port + " (airlockd listens on " + p.listen + " and forwards to it" + (local ? ": this host only)" : ": open to everyone who reaches that address)");
+}
 function resourcesText(p) {
   const parts = [];
   if (p.memory_mb) parts.push("memory " + p.memory_mb + " MB");
@@ -375,7 +382,7 @@ function openAsk(p) {
   $("ask-host").textContent = kind === "port" ? String(p.port) : kind === "resources" ? resourcesText(p) : visibleText(p.host) + (p.port && p.port !== 80 && p.port !== 443 ? ":" + p.port : "");
   $("ask-source").textContent = visibleText(p.source || "a member") + (p.agent ? " (driven by " + visibleText(p.agent) + ")" : "");
   $("ask-wants").textContent = kind === "port" ? "asks to be reached from this host on" : kind === "resources" ? "asks for" : p.requested ? "asks in advance for" : "wants";
-  $("ask-url").textContent = kind === "network" ? visibleText((p.method ? p.method + " " : "") + p.url) : kind === "port" ? "port " + p.port + " (airlockd listens on 127.0.0.1 and forwards to it)" : resourcesText(p);
+  $("ask-url").textContent = kind === "network" ? visibleText((p.method ? p.method + " " : "") + p.url) : kind === "port" ? portText(p) : resourcesText(p);
   $("ask-reason").textContent = visibleText(p.reason || ""); $("ask-reason-box").hidden = !p.reason;
   $("ask-patterns").hidden = !actions.includes("allow_pattern"); $("ask-save-box").hidden = kind !== "network";
   $("b-once").hidden = !actions.includes("allow_once"); $("b-pattern").hidden = !actions.includes("allow_pattern"); $("b-allow").hidden = !actions.includes("allow");
