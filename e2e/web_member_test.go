@@ -46,7 +46,7 @@ func TestWebMemberRequests(t *testing.T) {
 		t.Errorf("network request dialog:\n got %+v\nwant %+v", got, want)
 	}
 	checkAccessible(t, ctx, "network request dialog")
-	if err := chromedp.Run(ctx, chromedp.Click("#b-pattern", chromedp.ByID), chromedp.WaitNotVisible("#ask", chromedp.ByID)); err != nil {
+	if err := chromedp.Run(ctx, decideBy("#b-pattern"), chromedp.WaitNotVisible("#ask", chromedp.ByID)); err != nil {
 		t.Fatal(err)
 	}
 	if a, status := answer(t, member()); status != 200 || a["status"] != "approved" || a["rule"] != "api.unknown.test" {
@@ -68,7 +68,7 @@ func TestWebMemberRequests(t *testing.T) {
 	// it, and the Previews view's link opens the member's page.
 	var row string
 	if err := chromedp.Run(ctx,
-		chromedp.Click("#b-allow", chromedp.ByID),
+		decideBy("#b-allow"),
 		chromedp.WaitNotVisible("#ask", chromedp.ByID),
 		chromedp.Poll(`(() => { const r = [...document.querySelectorAll("#rows tr")].find((r) => r.dataset.approval === `+"`"+id+"`"+`);
 			return r && r.textContent.includes("allowed") && r.textContent; })()`, &row, chromedp.WithPollingTimeout(10*time.Second)),

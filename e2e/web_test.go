@@ -158,6 +158,30 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 		t.Errorf("after Escape: open %v, message %q; want the dialog open and a hint", dialog.Open, dialog.Error)
 	}
 	checkAccessible(t, ctx, "approval dialog")
+	// A dialog that has just opened or turned to another approval decides
+	// nothing for a moment: a key or click meant for the one before does
+	// not decide this one. (The moment is stretched here, so that a slow
+	// run cannot outlast it.)
+	var still struct {
+		Open  bool
+		Armed string
+	}
+	if err := chromedp.Run(ctx,
+		chromedp.Evaluate(`armAsk(); state.armedAt = Date.now() + 60000`, nil),
+		chromedp.KeyEvent("d"),
+		chromedp.Click("#b-deny", chromedp.ByID),
+		chromedp.Sleep(300*time.Millisecond), // not a wait: room for a decision to be sent
+		chromedp.Evaluate(`({open: document.querySelector("#ask").open, armed: document.querySelector("#ask").dataset.armed || ""})`, &still),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if !still.Open {
+		t.Errorf("a key and a click in the moment after the dialog turned decided it")
+	}
+	waitPendingAPI(t, w, token)
+	if err := chromedp.Run(ctx, chromedp.Evaluate(`armAsk()`, nil)); err != nil {
+		t.Fatal(err)
+	}
 	// Custom pattern, live-tested against the request, then saved.
 	var results string
 	if err := chromedp.Run(ctx,
@@ -175,8 +199,11 @@ func TestWebApprovePatternAndSave(t *testing.T) {
 	if !regexp.MustCompile(`MATCHES (GET )?http://api\.unknown\.test/v1/data`).MatchString(squash(results)) {
 		t.Errorf("live results: %q", results)
 	}
+	if err := chromedp.Run(ctx, chromedp.WaitVisible(`#ask[data-armed="1"]`, chromedp.ByQuery)); err != nil {
+		t.Fatal(err)
+	}
 	shot(t, ctx, w, "dialog.png")
-	if err := chromedp.Run(ctx, chromedp.Click("#b-pattern", chromedp.ByID), chromedp.WaitNotVisible("#ask", chromedp.ByID)); err != nil {
+	if err := chromedp.Run(ctx, decideBy("#b-pattern"), chromedp.WaitNotVisible("#ask", chromedp.ByID)); err != nil {
 		t.Fatal(err)
 	}
 	if r := member(); r.Stdout != "internet" {
@@ -379,6 +406,12 @@ const wholeJS = `((sel, want) => {
 })`
 
 // shownWhole fails the test unless sel shows want whole in the page.
+// decideBy clicks a decision button of the approval dialog once the
+// dialog takes decisions (armAsk in app.js).
+func decideBy(sel string) chromedp.Tasks {
+	return chromedp.Tasks{chromedp.WaitVisible(`#ask[data-armed="1"]`, chromedp.ByQuery), chromedp.Click(sel, chromedp.ByID)}
+}
+
 func shownWhole(t *testing.T, ctx context.Context, where, sel, want string) {
 	t.Helper()
 	var problem string
@@ -447,7 +480,7 @@ func TestWebLongNamesShownWhole(t *testing.T) {
 	}
 	shownWhole(t, ctx, "the dialog for traffic", "#ask-host", host)
 	shownWhole(t, ctx, "the dialog for traffic", "#ask-url", "GET http://"+host+"/x")
-	if err := chromedp.Run(ctx, chromedp.Click("#b-pattern", chromedp.ByID), chromedp.WaitNotVisible("#ask", chromedp.ByID)); err != nil {
+	if err := chromedp.Run(ctx, decideBy("#b-pattern"), chromedp.WaitNotVisible("#ask", chromedp.ByID)); err != nil {
 		t.Fatal(err)
 	}
 	if r := member(); r.Stdout != "internet" {

@@ -9,7 +9,7 @@ const state = {
   sandbox: null, csrf: sessionStorage.getItem("airlock.csrf") || "", events: null,
   rows: [], sources: new Map(), counts: { total: 0, allow: 0, deny: 0 },
   queue: [], current: null, timer: null, follow: true, samples: [],
-  editing: false, settings: null, returnFocus: null,
+  editing: false, settings: null, returnFocus: null, armedAt: 0, armTimer: null,
   pinned: new Set(), sessionsTimer: null, previewsTimer: null, logs: null,
 };
 const MAX_ROWS = 2000;
@@ -401,6 +401,19 @@ function openAsk(p) {
   // nothing is decided by a stray Enter.
   const first = document.querySelector('#choices input[name="pattern"]');
   (first || $("b-deny")).focus();
+  armAsk();
+}
+
+// A dialog that has just opened, or turned to another approval, decides
+// nothing for a moment: a click or key meant for the one before (a member
+// can time its requests to a person's habits) does not decide this one.
+// #ask carries data-armed once it takes decisions.
+const ARM_MS = 800;
+function armAsk() {
+  state.armedAt = Date.now() + ARM_MS;
+  delete $("ask").dataset.armed;
+  clearTimeout(state.armTimer);
+  state.armTimer = setTimeout(() => { $("ask").dataset.armed = "1"; }, ARM_MS);
 }
 
 function tick() {
@@ -454,7 +467,7 @@ $("custom-regex").addEventListener("change", liveTest);
 
 async function decide(action) {
   const p = state.current;
-  if (!p) return;
+  if (!p || Date.now() < state.armedAt) return;
   const body = { action };
   if (action === "allow_pattern") { body.pattern = chosenPattern(); body.persist = $("ask-save").checked; if (!$("broad").hidden) body.force = confirm("This pattern is very broad. Allow it anyway?"); }
   if (action === "deny" && (p.kind || "network") === "network") body.persist = $("ask-save").checked && confirm("Also deny " + visibleText(p.host) + " from now on (save a deny rule)?");
