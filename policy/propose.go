@@ -24,10 +24,17 @@ type Hit struct {
 	// Shown is how a person reads it: "GET http://host/path" or
 	// "host:port".
 	Shown string
+	// Denied says a person denied it when it was held: a proposal that
+	// covers it is flagged (FlagDenied).
+	Denied bool
 }
 
 // Proposed is one pattern of a proposal.
 type Proposed struct {
+	// Pattern matches every hit it stands for, as written and as saved
+	// (its canonical form), and parses without force. It is "" when no
+	// pattern says that traffic (a host named regex or cidr on a port
+	// other than 80 and 443); such an entry is flagged (FlagNoPattern).
 	Pattern string `json:"pattern"`
 	// Member scopes the rule to the one member that used it; "" for all.
 	Member string `json:"member,omitempty"`
@@ -53,18 +60,40 @@ const (
 	MaxProposalExamples = 5
 )
 
+// Proposal flags that are not about a host's name.
+const (
+	// FlagDenied: a person denied some of the traffic when it was held.
+	FlagDenied = "a person denied this when it was held"
+	// FlagWholeHost: the requests share a path prefix, but no pattern
+	// with it fits (too long, or characters a pattern cannot hold), so the
+	// pattern allows every path and method on the host and port.
+	FlagWholeHost = "no pattern fits the path its requests share: this allows every path and method on the host"
+	// FlagNoPattern: no pattern says this traffic without saying more
+	// (a host named regex or cidr cannot take a port); Pattern is "".
+	FlagNoPattern = "no pattern says this host on this port: add a rule by hand if you mean it"
+)
+
 // Propose computes the smallest set of patterns that covers hits, in the
 // pattern language: each name on the default ports as its exact host, or
 // as "*.domain" when WildcardMinHosts or more subdomains of one
 // registrable domain (public suffix list, private section included)
 // appear; an intercepted host (every hit a request) with the longest path
-// directory its requests share ("host/v1/*"); other ports as "host:port";
-// raw IPv4 addresses as "cidr:IP/32". A pattern is scoped to a member
-// when exactly one named member used it. Hosts whose every hit decide
-// allows with a rule already are proposed as covered (CoveredBy), one each.
-// Raw IPs, random-looking names and paste or file-sharing sites are
-// flagged. decide may be nil (nothing is covered). The result is sorted by
-// pattern.
+// directory its requests share that fits in a pattern ("host/v1/*",
+// shortened segment by segment when the whole does not fit; the whole
+// host and port, flagged FlagWholeHost, when no segment does); other
+// ports as "host:port"; raw IPv4 addresses as "cidr:IP/32". A pattern is
+// scoped to a member when exactly one named member used it. Hosts whose
+// every hit decide allows with a rule already are proposed as covered
+// (CoveredBy), one each. Raw IPs, random-looking names, paste or
+// file-sharing sites and traffic a person denied are flagged.
+//
+// Every pattern is checked last (see checkProposed): it parses without
+// force, its canonical form parses back to the same kind, host and port,
+// both match every hit it stands for, and it admits ports 80 and 443 only
+// when some hit used one of them. A pattern that fails is never replaced
+// by a broader one: a "*.domain" group falls apart into its hosts, and a
+// host no pattern can say is proposed with Pattern "" and FlagNoPattern.
+// decide may be nil (nothing is covered). The result is sorted by pattern.
 func Propose(hits []Hit, decide func(Query) Decision) []Proposed {
 	type hostHits struct {
 		host    string
@@ -107,7 +136,7 @@ func Propose(hits []Hit, decide func(Query) Decision) []Proposed {
 			hh.covered = coveredBy(hh.hits, decide)
 		}
 		if hh.covered != "" {
-			p := proposeFor(hostPattern(hh.host, hh.port, hh.ip), []string{hh.host}, hh.hits)
+			p := proposeFor([]string{hostPattern(hh.host, hh.port, hh.ip)}, "", []string{hh.host}, hh.hits)
 			p.CoveredBy = hh.covered
 			out = append(out, p)
 			continue
@@ -132,23 +161,40 @@ func Propose(hits []Hit, decide func(Query) Decision) []Proposed {
 		var hosts []string
 		var all []Hit
 		for _, hh := range g {
-			grouped[hh] = true
 			hosts = append(hosts, hh.host)
 			all = append(all, hh.hits...)
 		}
-		out = append(out, proposeFor("*."+d, hosts, all))
+		if _, err := checkProposed("*."+d, all); err != nil {
+			// Each host is proposed on its own instead.
+			continue
+		}
+		for _, hh := range g {
+			grouped[hh] = true
+		}
+		out = append(out, proposeFor([]string{"*." + d}, "", hosts, all))
 	}
 	for _, hh := range open {
 		if grouped[hh] {
 			continue
 		}
-		pattern := hostPattern(hh.host, hh.port, hh.ip)
-		if prefix := pathPrefix(hh.hits); prefix != "" && !hh.ip {
-			pattern = hostPort(hh.host, hh.port) + prefix + "*"
+		whole := hostPattern(hh.host, hh.port, hh.ip)
+		var candidates []string
+		flag := ""
+		if segs := pathPrefix(hh.hits); len(segs) > 0 && !hh.ip {
+			candidates = pathCandidates(hostPort(hh.host, hh.port), segs)
+			flag = FlagWholeHost
 		}
-		out = append(out, proposeFor(pattern, []string{hh.host}, hh.hits))
+		candidates = append(candidates, whole)
+		out = append(out, proposeFor(candidates, flag, []string{hh.host}, hh.hits))
 	}
-	slices.SortFunc(out, func(a, b Proposed) int { return strings.Compare(a.Pattern, b.Pattern) })
+	// By pattern, then by hosts: entries without a pattern (FlagNoPattern)
+	// come first.
+	slices.SortStableFunc(out, func(a, b Proposed) int {
+		if c := strings.Compare(a.Pattern, b.Pattern); c != 0 {
+			return c
+		}
+		return slices.Compare(a.Hosts, b.Hosts)
+	})
 	return out
 }
 
@@ -199,20 +245,22 @@ func coveredBy(hits []Hit, decide func(Query) Decision) string {
 	return s
 }
 
-// pathPrefix returns the longest directory ("/v1/") every hit's path lies
-// under, when every hit is an intercepted request; "" when some hit is a
-// connection airlock did not look inside, or the prefix is "/".
-func pathPrefix(hits []Hit) string {
+// pathPrefix returns the segments of the longest directory ("/v1/" is
+// ["v1"]) every hit's path lies under, in the form rules match (query cut,
+// unreserved characters decoded, dot segments removed), when every hit is
+// an intercepted request whose path is not ambiguous (no path rule allows
+// those); nil when some hit is not, or the prefix is "/".
+func pathPrefix(hits []Hit) []string {
 	var common []string
 	for i, h := range hits {
 		if h.Method == "" || !strings.HasPrefix(h.Path, "/") {
-			return ""
+			return nil
 		}
-		p := h.Path
-		if j := strings.IndexAny(p, "?#"); j >= 0 {
-			p = p[:j]
+		clean, _, ambiguous := requestPaths(h.Path)
+		if ambiguous {
+			return nil
 		}
-		segs := strings.Split(p, "/")
+		segs := strings.Split(clean, "/")
 		dir := segs[1 : len(segs)-1] // drop the leading "" and the last name
 		if i == 0 {
 			common = dir
@@ -231,24 +279,116 @@ func pathPrefix(hits []Hit) string {
 			break
 		}
 	}
-	if len(common) == 0 {
-		return ""
-	}
-	return "/" + strings.Join(common, "/") + "/"
+	return common
 }
 
-// proposeFor builds the proposal of pattern for hosts and their hits:
-// member scope, examples, flags. A pattern that does not parse without
-// force falls back to its first host.
-func proposeFor(pattern string, hosts []string, hits []Hit) Proposed {
-	if _, err := Parse(pattern, ParseOptions{}); err != nil {
-		pattern = hosts[0]
+// pathCandidates returns the patterns "hostport/s1/.../sn/*" for the
+// prefixes of segs, longest first, leaving out those longer than a pattern
+// may be.
+func pathCandidates(hostport string, segs []string) []string {
+	var out []string
+	n := len(hostport) + 2 // the leading "/" and the trailing "*"
+	lens := make([]int, len(segs)+1)
+	for i, s := range segs {
+		n += len(s) + 1
+		lens[i+1] = n
+	}
+	for k := len(segs); k > 0; k-- {
+		if lens[k] <= MaxPatternLen {
+			out = append(out, hostport+"/"+strings.Join(segs[:k], "/")+"/*")
+		}
+	}
+	return out
+}
+
+// checkProposed checks that pattern may stand for hits, and returns its
+// canonical form, which is what a save writes: pattern parses without
+// force; its canonical form parses back to a pattern of the same kind,
+// host and port (a host named regex on port 8080 written "regex.:8080"
+// would read back as a regex); both match every hit; and a pattern without
+// a port, which admits 80 and 443, stands for some traffic on one of
+// them.
+func checkProposed(pattern string, hits []Hit) (string, error) {
+	p, q, err := parseProposed(pattern)
+	if err != nil {
+		return "", err
+	}
+	return q.String(), covers(p, q, hits)
+}
+
+// parseProposed parses pattern without force, and its canonical form,
+// which must read back as the same pattern.
+func parseProposed(pattern string) (p, q Pattern, err error) {
+	p, err = Parse(pattern, ParseOptions{})
+	if err != nil {
+		return p, q, err
+	}
+	canon := p.String()
+	q, err = Parse(canon, ParseOptions{})
+	if err != nil {
+		return p, q, fmt.Errorf("%q written as %q: %w", truncate(pattern, 80), truncate(canon, 80), err)
+	}
+	if q.String() != canon || q.Kind() != p.Kind() || q.Host() != p.Host() || q.Port() != p.Port() || q.Method() != p.Method() || q.Path() != p.Path() {
+		return p, q, fmt.Errorf("%q written as %q reads back as another pattern", truncate(pattern, 80), truncate(canon, 80))
+	}
+	return p, q, nil
+}
+
+// covers reports why p, or q (its canonical form read back), does not
+// cover every hit, or admits ports 80 and 443 when no hit used either.
+func covers(p, q Pattern, hits []Hit) error {
+	defaults := false
+	for _, h := range hits {
+		hq := Query{Source: h.Source, Host: h.Host, Port: h.Port, Method: h.Method, Path: h.Path}
+		if !p.Matches(hq) || !q.Matches(hq) {
+			return fmt.Errorf("%q does not match %s", truncate(q.String(), 80), truncate(h.Host+":"+strconv.Itoa(int(h.Port))+h.Path, 120))
+		}
+		defaults = defaults || defaultPort(h.Port)
+	}
+	if p.Port() == 0 && !defaults {
+		return fmt.Errorf("%q allows ports 80 and 443, which none of its traffic used", truncate(q.String(), 80))
+	}
+	return nil
+}
+
+// proposeFor builds the proposal for hosts and their hits: the first of
+// candidates that checkProposed accepts (flagged with lastFlag, if not ""
+// and it is the last candidate), member scope, examples, flags. When none
+// is accepted the pattern is "", flagged FlagNoPattern: never one broader
+// than the candidates, nor one that misses a hit.
+func proposeFor(candidates []string, lastFlag string, hosts []string, hits []Hit) Proposed {
+	pattern := ""
+	var flags []string
+	for i := 0; i < len(candidates); i++ {
+		p, q, err := parseProposed(candidates[i])
+		if err != nil {
+			continue // too long, or a character a pattern cannot hold
+		}
+		if covers(p, q, hits) != nil {
+			// A shorter path would not mend it (the prefix is in the form
+			// rules match): go to the last candidate at once, so that
+			// hostile paths cannot make this cost candidates × hits.
+			if last := len(candidates) - 1; i < last {
+				i = last - 1
+			}
+			continue
+		}
+		pattern = q.String()
+		if i == len(candidates)-1 && lastFlag != "" {
+			flags = append(flags, lastFlag)
+		}
+		break
+	}
+	if pattern == "" {
+		flags = append(flags, FlagNoPattern)
 	}
 	slices.Sort(hosts)
-	p := Proposed{Pattern: pattern, Hosts: slices.Compact(hosts), Hits: len(hits), Examples: []string{}}
+	p := Proposed{Pattern: pattern, Hosts: slices.Compact(hosts), Hits: len(hits), Examples: []string{}, Flags: flags}
 	members := map[string]bool{}
+	denied := false
 	for _, h := range hits {
 		members[h.Source] = true
+		denied = denied || h.Denied
 		if len(p.Examples) < MaxProposalExamples && !slices.Contains(p.Examples, h.Shown) && h.Shown != "" {
 			p.Examples = append(p.Examples, h.Shown)
 		}
@@ -261,6 +401,9 @@ func proposeFor(pattern string, hosts []string, hits []Hit) Proposed {
 				p.Member = m
 			}
 		}
+	}
+	if denied {
+		p.Flags = append(p.Flags, FlagDenied)
 	}
 	for _, h := range p.Hosts {
 		for _, f := range hostFlags(h) {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -142,6 +143,51 @@ func TestPropose(t *testing.T) {
 			},
 		},
 		{
+			name: "hosts named like a keyword: as written on 80 and 443, on no other port",
+			hits: []Hit{conn("agent", "regex", 8080), conn("agent", "Cidr", 8080), conn("agent", "regex", 443), conn("agent", "cidr", 80)},
+			want: []short{
+				{Member: "agent", Hits: 1, Hosts: []string{"cidr"}, Flags: []string{FlagNoPattern}},
+				{Member: "agent", Hits: 1, Hosts: []string{"regex"}, Flags: []string{FlagNoPattern}},
+				{Pattern: "cidr", Member: "agent", Hits: 1, Hosts: []string{"cidr"}},
+				{Pattern: "regex", Member: "agent", Hits: 1, Hosts: []string{"regex"}},
+			},
+		},
+		{
+			name: "a path prefix too long for a pattern is shortened, keeping the port",
+			hits: []Hit{
+				{Source: "agent", Host: "api.test", Port: 8080, Method: "GET", Path: "/v1/" + strings.Repeat("a", MaxPatternLen) + "/x", Shown: "x"},
+				{Source: "agent", Host: "api.test", Port: 8080, Method: "GET", Path: "/v1/" + strings.Repeat("a", MaxPatternLen) + "/y", Shown: "y"},
+				// The first segment alone is too long: the host and port, flagged.
+				{Source: "agent", Host: "long.test", Port: 8080, Method: "GET", Path: "/" + strings.Repeat("b", MaxPatternLen) + "/x", Shown: "x"},
+				// A segment a pattern cannot hold (a space) ends the prefix.
+				{Source: "agent", Host: "space.test", Port: 443, Method: "GET", Path: "/v2/a b/x", Shown: "x"},
+			},
+			want: []short{
+				{Pattern: "api.test:8080/v1/*", Member: "agent", Hits: 2, Hosts: []string{"api.test"}},
+				{Pattern: "long.test:8080", Member: "agent", Hits: 1, Hosts: []string{"long.test"}, Flags: []string{FlagWholeHost}},
+				{Pattern: "space.test/v2/*", Member: "agent", Hits: 1, Hosts: []string{"space.test"}},
+			},
+		},
+		{
+			name: "the path prefix is the one rules match",
+			hits: []Hit{
+				// Dot segments removed, unreserved characters decoded: a
+				// prefix from the raw paths (/v1/../admin/) would match neither.
+				req("agent", "GET", "dots.test", "/v1/../admin/a"), req("agent", "GET", "dots.test", "/%61dmin/b"),
+				// An ambiguous path no path rule allows: the host.
+				req("agent", "GET", "semi.test", "/v1;x/a"), req("agent", "GET", "semi.test", "/v1;x/b"),
+			},
+			want: []short{
+				{Pattern: "dots.test/admin/*", Member: "agent", Hits: 2, Hosts: []string{"dots.test"}},
+				{Pattern: "semi.test", Member: "agent", Hits: 2, Hosts: []string{"semi.test"}},
+			},
+		},
+		{
+			name: "what a person denied is flagged",
+			hits: []Hit{conn("agent", "exfil.test", 443), {Source: "agent", Host: "exfil.test", Port: 443, Shown: "exfil.test", Denied: true}},
+			want: []short{{Pattern: "exfil.test", Member: "agent", Hits: 2, Hosts: []string{"exfil.test"}, Flags: []string{FlagDenied}}},
+		},
+		{
 			name: "bad hosts are left out",
 			hits: []Hit{conn("agent", "bad host", 443), conn("agent", "3405803783", 443), conn("agent", "ok.test", 0)},
 		},
@@ -150,7 +196,9 @@ func TestPropose(t *testing.T) {
 			var got []short
 			for _, p := range Propose(tc.hits, rs.Decide) {
 				got = append(got, short{Pattern: p.Pattern, Member: p.Member, CoveredBy: p.CoveredBy, Hits: p.Hits, Hosts: p.Hosts, Flags: p.Flags})
-				if _, err := Parse(p.Pattern, ParseOptions{}); err != nil {
+				if p.Pattern == "" && slices.Contains(p.Flags, FlagNoPattern) {
+					// No pattern says it; it is flagged so.
+				} else if _, err := Parse(p.Pattern, ParseOptions{}); err != nil {
 					t.Errorf("proposed pattern %q does not parse: %v", p.Pattern, err)
 				}
 				if len(p.Examples) == 0 || len(p.Examples) > MaxProposalExamples {
@@ -195,10 +243,13 @@ func TestProposalCoversItsHits(t *testing.T) {
 }
 
 // FuzzPropose feeds Propose hosts and paths a member chose: it must not
-// panic, and every pattern it proposes must parse without force.
+// panic, every pattern it proposes must parse without force (or be "" and
+// flagged so), and every hit of a proposed host must be matched by a
+// proposed pattern, or belong to a host proposed without one.
 func FuzzPropose(f *testing.F) {
 	f.Add("a.cdn.test", "/simple/x/", "b.cdn.test", "/v1/*/y", uint16(443))
 	f.Add("203.0.113.9", "", "xn--bcher-kva.example", "//..;/", uint16(5432))
+	f.Add("regex", "/v1/"+strings.Repeat("a", MaxPatternLen)+"/x", "cidr", "/a/../b/c", uint16(8080))
 	f.Fuzz(func(t *testing.T, h1, p1, h2, p2 string, port uint16) {
 		hits := []Hit{
 			{Source: "agent", Host: h1, Port: port, Method: "GET", Path: p1},
@@ -206,10 +257,137 @@ func FuzzPropose(f *testing.F) {
 			{Source: "other", Host: "c." + h2, Port: 80},
 			{Source: "agent", Host: "d." + h2, Port: 443},
 		}
-		for _, p := range Propose(hits, nil) {
-			if _, err := Parse(p.Pattern, ParseOptions{}); err != nil {
+		props := Propose(hits, nil)
+		var pats []Pattern
+		for _, p := range props {
+			if p.Pattern == "" {
+				if !slices.Contains(p.Flags, FlagNoPattern) {
+					t.Errorf("no pattern, not flagged so: %+v", p)
+				}
+				continue
+			}
+			pat, err := Parse(p.Pattern, ParseOptions{})
+			if err != nil {
 				t.Errorf("proposed %q: %v", p.Pattern, err)
+				continue
+			}
+			pats = append(pats, pat)
+		}
+		for _, h := range hits {
+			host, err := NormalizeHost(h.Host)
+			if err != nil || !slices.ContainsFunc(props, func(p Proposed) bool { return slices.Contains(p.Hosts, host) }) {
+				continue
+			}
+			q := Query{Source: h.Source, Host: h.Host, Port: h.Port, Method: h.Method, Path: h.Path}
+			if !slices.ContainsFunc(pats, func(p Pattern) bool { return p.Matches(q) }) &&
+				!slices.ContainsFunc(props, func(p Proposed) bool { return p.Pattern == "" && slices.Contains(p.Hosts, host) }) {
+				t.Errorf("%s:%d %s %q is covered by no proposal: %+v", h.Host, h.Port, h.Method, h.Path, props)
 			}
 		}
 	})
+}
+
+// TestProposeNeverWiderThanItsTraffic: member-chosen paths and names must
+// not turn a proposal into a pattern broader than the traffic it stands
+// for (the whole host, or ports 80 and 443 for traffic on 8080), nor one
+// that misses it.
+func TestProposeNeverWiderThanItsTraffic(t *testing.T) {
+	long := strings.Repeat("a", MaxPatternLen)
+	for _, tc := range []struct {
+		name    string
+		hits    []Hit
+		outside []Query // what no proposed pattern may allow
+	}{
+		{
+			name: "path prefix longer than a pattern",
+			hits: []Hit{
+				{Source: "agent", Host: "api.example.com", Port: 443, Method: "GET", Path: "/v1/" + long + "/x"},
+				{Source: "agent", Host: "api.example.com", Port: 443, Method: "GET", Path: "/v1/" + long + "/y"},
+			},
+			outside: []Query{{Source: "agent", Host: "api.example.com", Port: 443, Method: "DELETE", Path: "/admin/users"}},
+		},
+		{
+			name:    "path prefix longer than a pattern, on another port",
+			hits:    []Hit{{Source: "agent", Host: "api.example.com", Port: 8080, Method: "GET", Path: "/v1/" + long + "/x"}},
+			outside: []Query{{Source: "agent", Host: "api.example.com", Port: 443}, {Source: "agent", Host: "api.example.com", Port: 8080, Method: "GET", Path: "/v2/x"}},
+		},
+		{
+			name:    "first path segment longer than a pattern, on another port",
+			hits:    []Hit{{Source: "agent", Host: "api.example.com", Port: 8080, Method: "GET", Path: "/" + long + "/x"}},
+			outside: []Query{{Source: "agent", Host: "api.example.com", Port: 443}, {Source: "agent", Host: "api.example.com", Port: 80}},
+		},
+		{
+			name:    "a host named regex on another port",
+			hits:    []Hit{{Source: "agent", Host: "regex", Port: 8080}},
+			outside: []Query{{Source: "agent", Host: "regex", Port: 443}, {Source: "agent", Host: "8080", Port: 443}},
+		},
+		{
+			name:    "a host named cidr on another port",
+			hits:    []Hit{{Source: "agent", Host: "CIDR", Port: 8080}},
+			outside: []Query{{Source: "agent", Host: "cidr", Port: 443}, {Source: "agent", Host: "cidr", Port: 80}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			props := Propose(tc.hits, nil)
+			if len(props) != 1 {
+				t.Fatalf("got %d proposals: %+v", len(props), props)
+			}
+			got := props[0]
+			if got.Pattern == "" {
+				if !slices.Contains(got.Flags, FlagNoPattern) {
+					t.Errorf("no pattern, and not flagged so: %+v", got)
+				}
+				return
+			}
+			// As proposed, and as a save writes it back.
+			p := MustParse(got.Pattern)
+			saved := MustParse(p.String())
+			for _, h := range tc.hits {
+				q := Query{Source: h.Source, Host: h.Host, Port: h.Port, Method: h.Method, Path: h.Path}
+				if !p.Matches(q) || !saved.Matches(q) {
+					t.Errorf("proposal %q does not cover %s:%d%s", got.Pattern, h.Host, h.Port, truncate(h.Path, 20))
+				}
+			}
+			for _, q := range tc.outside {
+				if (p.Matches(q) || saved.Matches(q)) && !slices.Contains(got.Flags, FlagWholeHost) {
+					t.Errorf("proposal %q (flags %q) also allows %s:%d %s %s", got.Pattern, got.Flags, q.Host, q.Port, q.Method, q.Path)
+				}
+				if q.Port != 8080 && tc.hits[0].Port == 8080 && p.Matches(q) {
+					t.Errorf("proposal %q for traffic on 8080 allows port %d", got.Pattern, q.Port)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckProposed(t *testing.T) {
+	on := func(host string, port uint16) []Hit { return []Hit{{Source: "agent", Host: host, Port: port}} }
+	for _, tc := range []struct {
+		pattern string
+		hits    []Hit
+		want    string // canonical form, or "" when refused
+	}{
+		{"API.test", on("api.test", 443), "api.test"},
+		{"api.test:8080", on("api.test", 8080), "api.test:8080"},
+		{"cidr:203.0.113.9/32:8080", on("203.0.113.9", 8080), "cidr:203.0.113.9/32:8080"},
+		{"*.cdn.test", append(on("a.cdn.test", 443), on("b.cdn.test", 80)...), "*.cdn.test"},
+		// Ports 80 and 443 for traffic on 8080: wider, and missing it.
+		{"api.test", on("api.test", 8080), ""},
+		// Reads back as a regex on the host "8080", or does not parse.
+		{"regex:8080", on("regex", 8080), ""},
+		{"regex.:8080", on("regex", 8080), ""},
+		{"cidr.:8080", on("cidr", 8080), ""},
+		{"cidr:8080", on("cidr", 8080), ""},
+		// Misses a hit, or is broad.
+		{"api.test/v1/*", []Hit{{Source: "agent", Host: "api.test", Port: 80, Method: "GET", Path: "/v2/x"}}, ""},
+		{"*.com", on("a.com", 443), ""},
+	} {
+		got, err := checkProposed(tc.pattern, tc.hits)
+		if err != nil {
+			got = ""
+		}
+		if got != tc.want {
+			t.Errorf("checkProposed(%q) = %q, %v; want %q", tc.pattern, got, err, tc.want)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/airlockhq/airlock/internal/audit"
 	"github.com/airlockhq/airlock/policy"
@@ -249,5 +250,60 @@ func TestProposalThroughTheAPI(t *testing.T) {
 	}
 	if d := h.sb.pol.Decide(policy.Query{Source: "agent", Host: "fits.test", Port: 443}); d.Rule != nil {
 		t.Errorf("fits.test in force after a save that failed: %v", d)
+	}
+}
+
+func getProposal(t *testing.T, h *apiHarness) ProposalView {
+	t.Helper()
+	code, body := h.do(t, "GET", "/api/v1/sandboxes/myapp/proposal", "")
+	var pv ProposalView
+	if code != 200 || json.Unmarshal([]byte(body), &pv) != nil {
+		t.Fatalf("GET proposal: %d %s", code, body)
+	}
+	return pv
+}
+
+// A member's request whose path is longer than a pattern may be (well
+// within what the proxy reads and the journal keeps) is proposed with the
+// path prefix shortened until it fits, never as the whole host.
+func TestProposalLongPathStaysUnderItsPrefix(t *testing.T) {
+	h := newAPI(t, "sandbox:\n  unknown_action: learn\n")
+	learned := policy.ReasonLearn.String()
+	long := strings.Repeat("a", policy.MaxPatternLen)
+	for _, u := range []string{"http://api.test/v1/" + long + "/x", "http://api.test/v1/" + long + "/y"} {
+		h.sb.journal.Add(audit.Entry{Kind: audit.KindRequest, Sandbox: "myapp", Source: "agent", Method: "GET", URL: u, Host: "api.test", Verdict: "learned", Reason: learned})
+	}
+	pv := getProposal(t, h)
+	if len(pv.Patterns) != 1 || pv.Patterns[0].Pattern != "api.test/v1/*" || len(pv.Patterns[0].Flags) != 0 {
+		t.Fatalf("patterns: %+v", pv.Patterns)
+	}
+	p := policy.MustParse(pv.Patterns[0].Pattern)
+	if p.Matches(policy.Query{Source: "agent", Host: "api.test", Port: 80, Method: "POST", Path: "/admin/delete"}) {
+		t.Errorf("proposed %q allows POST /admin/delete too", pv.Patterns[0].Pattern)
+	}
+}
+
+// A held connection a person denied (without saving a deny rule) is
+// proposed flagged, so the page leaves it unticked and --save skips it;
+// one allowed once, or still held, is not.
+func TestProposalFlagsWhatAPersonDenied(t *testing.T) {
+	h := newAPI(t, "sandbox:\n  unknown_action: ask\n")
+	for _, e := range []audit.Entry{
+		{Kind: audit.KindApproval, Source: "agent", Host: "exfil.test", Port: 443, URL: "exfil.test:443", ApprovalID: "a1", Action: "opened"},
+		{Kind: audit.KindApproval, Source: "agent", Host: "exfil.test", Port: 443, URL: "exfil.test:443", ApprovalID: "a1", Action: "deny"},
+		{Kind: audit.KindApproval, Source: "agent", Host: "once.test", Port: 443, URL: "once.test:443", ApprovalID: "a2", Action: "opened"},
+		{Kind: audit.KindApproval, Source: "agent", Host: "once.test", Port: 443, URL: "once.test:443", ApprovalID: "a2", Action: "allow_once"},
+		{Kind: audit.KindApproval, Source: "agent", Host: "held.test", Port: 443, URL: "held.test:443", ApprovalID: "a3", Action: "opened"},
+	} {
+		e.Sandbox = "myapp"
+		h.sb.journal.Add(e)
+	}
+	got := map[string][]string{}
+	for _, p := range getProposal(t, h).Patterns {
+		got[p.Pattern] = p.Flags
+	}
+	want := map[string][]string{"exfil.test": {policy.FlagDenied}, "once.test": nil, "held.test": nil}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("proposal flags (-want +got):\n%s", diff)
 	}
 }

@@ -40,9 +40,16 @@ var proposalKinds = []string{audit.KindConnection, audit.KindRequest, audit.Kind
 // reach for want of a rule: allowed and learned traffic, held requests, and
 // traffic denied by unknown_action or for being a raw IP. Connection
 // records of intercepted connections are left out: their requests stand
-// for them.
+// for them. A held request a person denied is marked Denied, so that the
+// proposal that covers it is flagged.
 func proposalHits(entries []audit.Entry) []policy.Hit {
 	unknown, rawIP := policy.ReasonUnknown.String(), policy.ReasonRawIP.String()
+	denied := map[string]bool{}
+	for _, e := range entries {
+		if e.Kind == audit.KindApproval && e.Action == "deny" && e.ApprovalID != "" {
+			denied[e.ApprovalID] = true
+		}
+	}
 	var out []policy.Hit
 	for _, e := range entries {
 		var ok bool
@@ -58,7 +65,8 @@ func proposalHits(entries []audit.Entry) []policy.Hit {
 		if !ok {
 			continue
 		}
-		h := policy.Hit{Source: e.Source, Host: e.Host, Port: e.Port, Shown: e.Host + ":" + fmt.Sprint(e.Port)}
+		h := policy.Hit{Source: e.Source, Host: e.Host, Port: e.Port, Shown: e.Host + ":" + fmt.Sprint(e.Port),
+			Denied: e.Kind == audit.KindApproval && e.ApprovalID != "" && denied[e.ApprovalID]}
 		if e.Method != "" && e.URL != "" {
 			q, err := policy.SampleQuery(e.Method + " " + e.URL)
 			if err != nil {

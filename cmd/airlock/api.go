@@ -698,7 +698,11 @@ func cmdPropose(ctx context.Context, c *ui.Client, cm *common, a []string) error
 		if member == "" {
 			member = "-"
 		}
-		rows = append(rows, []string{p.Pattern, member, fmt.Sprint(p.Hits), strings.Join(p.Examples, " "), note})
+		pattern := p.Pattern
+		if pattern == "" {
+			pattern = "-" // no pattern says it; flagged so
+		}
+		rows = append(rows, []string{pattern, member, fmt.Sprint(p.Hits), strings.Join(p.Examples, " "), note})
 	}
 	table("PATTERN\tMEMBER\tHITS\tEXAMPLES\tNOTE", rows)
 	switch {

@@ -182,7 +182,7 @@ async function loadProposal() {
   try { p = await api("GET", sb("/proposal" + (since ? "?since=" + encodeURIComponent(since) : ""))); } catch (e) { $("proposal-error").textContent = e.message; $("proposal-status").textContent = ""; return; }
   $("proposal-rows").replaceChildren(...p.patterns.map((x, i) => {
     const note = x.covered_by ? "covered by " + x.covered_by : (x.flags || []).join("; ");
-    const tick = el("input", { type: "checkbox", "aria-label": "save " + x.pattern, "data-i": String(i), ...(!x.covered_by && !(x.flags || []).length ? { checked: "" } : {}) });
+    const tick = el("input", { type: "checkbox", "aria-label": "save " + (x.pattern || x.hosts.join(", ")), "data-i": String(i), ...(!x.covered_by && !(x.flags || []).length ? { checked: "" } : {}) });
     const input = patternBox({ class: "mono", "aria-label": "pattern for " + x.hosts.join(", "), "data-member": x.member || "" }, x.pattern);
     tick.addEventListener("change", proposalCount); input.addEventListener("input", proposalCount);
     return el("tr", { class: (x.flags || []).length ? "flagged" : x.covered_by ? "covered" : "" }, el("td", {}, tick), el("td", {}, input), el("td", {}, x.member || "all members"),
