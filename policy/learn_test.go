@@ -44,3 +44,56 @@ func TestLearnWithoutEndIsPinnedToTheFile(t *testing.T) {
 		t.Errorf("after a restart past the end: %v, want ask", d)
 	}
 }
+
+// Changed's channel is closed by every change of what Decide answers, so
+// that whoever keeps open what learn mode let through decides it again:
+// settings, rules added and removed, reloads, trust levels. Reading the
+// policy changes nothing.
+func TestChangedClosesOnEveryChangeInForce(t *testing.T) {
+	s, _ := openTestSandbox(t, "sandbox:\n  unknown_action: learn\n  learn_until: \"2099-01-01T00:00:00Z\"\n")
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	deny := ActionDeny
+	var added *Rule
+	for _, step := range []struct {
+		name   string
+		change func() error
+	}{
+		{"settings", func() error { _, err := s.SetSettings(Settings{UnknownAction: &deny}); return err }},
+		{"session rule added", func() error {
+			var err error
+			added, err = s.Add(AddRequest{Pattern: "a.example.com", List: Allowlist})
+			return err
+		}},
+		{"session rule removed", func() error { _, err := s.Remove(added.ID); return err }},
+		{"rule persisted", func() error {
+			_, err := s.Add(AddRequest{Pattern: "b.example.com", List: Allowlist, Persist: true})
+			return err
+		}},
+		{"reload", s.Reload},
+		{"trust", func() error { s.SetTrust("mcp:x", TrustUserAdded); return nil }},
+	} {
+		ch := s.Changed()
+		s.Decide(Query{Host: "c.example.com", Port: 443})
+		s.Spec()
+		s.Rules()
+		if closed(ch) {
+			t.Fatalf("before %s: closed without a change", step.name)
+		}
+		if err := step.change(); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if !closed(ch) {
+			t.Errorf("%s: Changed's channel is still open", step.name)
+		}
+		if closed(s.Changed()) {
+			t.Errorf("%s: the next channel is closed already", step.name)
+		}
+	}
+}

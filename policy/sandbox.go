@@ -63,6 +63,11 @@ type Sandbox struct {
 	trustMu sync.Mutex
 	trust   atomic.Pointer[map[string]Trust]
 
+	// changed is closed, and replaced by a new channel, whenever what
+	// Decide answers may have changed: a policy put in force (setLocked),
+	// a member's trust level set (SetTrust). See Changed.
+	changed atomic.Pointer[chan struct{}]
+
 	// mu serialises changes and guards the following fields.
 	mu      sync.Mutex
 	spec    *Spec
@@ -89,6 +94,8 @@ func OpenSandbox(cfg SandboxConfig) (*Sandbox, error) {
 	}
 	s := &Sandbox{name: cfg.Name, path: cfg.Path, now: cfg.Now, unnamedUntrusted: cfg.UnnamedUntrusted, onResources: cfg.OnResources}
 	s.dir, _ = resolveDir(cfg.Path)
+	ch := make(chan struct{})
+	s.changed.Store(&ch)
 	spec, err := loadOrDefault(cfg.Path)
 	if err != nil {
 		return nil, err
@@ -125,6 +132,24 @@ func loadOrDefault(path string) (*Spec, error) {
 		return DefaultSpec(), nil
 	}
 	return spec, err
+}
+
+// Changed returns a channel that is closed the next time what Decide
+// answers may change: every policy put in force (a reload, an edit, a
+// change of settings such as unknown_action or learn_until, a session rule
+// added or removed) and every trust level set. Whoever keeps something
+// open on the strength of a decision (a connection learn mode let through)
+// takes the channel, then decides, and decides again once it is closed,
+// taking the next one first: no change falls between.
+func (s *Sandbox) Changed() <-chan struct{} {
+	return *s.changed.Load()
+}
+
+// notifyChanged closes the channel Changed returned and puts a new one in
+// its place; it is called once the new answers are in force.
+func (s *Sandbox) notifyChanged() {
+	ch := make(chan struct{})
+	close(*s.changed.Swap(&ch))
 }
 
 // Name returns the sandbox's name.
@@ -186,6 +211,7 @@ func (s *Sandbox) SetTrust(source string, t Trust) {
 		m[source] = t
 	}
 	s.trust.Store(&m)
+	s.notifyChanged()
 }
 
 // Trust returns a member's trust level: the policy file's for its MCP
@@ -559,8 +585,10 @@ func (s *Sandbox) reloadLocked(session []*Rule) error {
 	return nil
 }
 
-// setLocked installs a new spec and session rules and compiles them.
+// setLocked installs a new spec and session rules and compiles them, and
+// tells whoever waits on Changed.
 func (s *Sandbox) setLocked(spec *Spec, session []*Rule) {
+	defer s.notifyChanged()
 	switch {
 	case spec.UnknownAction != ActionLearn:
 		s.learnUntil = time.Time{}

@@ -257,11 +257,13 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	learned := d.Reason == policy.ReasonLearn
 	for _, m := range overrides {
 		if m == strings.ToUpper(r.Method) || slices.Contains(asks, m) {
 			continue
 		}
 		od := h.decide(rec.Source, m, target)
+		learned = learned || od.Reason == policy.ReasonLearn
 		if od.Verdict == policy.Ask {
 			asks = append(asks, m)
 		}
@@ -307,6 +309,20 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Verdict = policy.Allow
+	if learned && d.Verdict == policy.Allow {
+		// What learn mode let through is cut when learn mode ends, or is
+		// turned off, unless rules allow it by then: a WebSocket, or a
+		// stream, can outlast it by far.
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		r = r.WithContext(ctx)
+		stop := h.p.watchLearned(h.learnQueries(rec.Source, r.Method, target, dest, hasDest, overrides), func() {
+			h.p.log.Info("learn mode ended: intercepted connection closed", "sandbox", h.p.cfg.Sandbox, "source", rec.Source, "host", h.host, "port", h.port, "method", r.Method, "url", rec.URL)
+			cancel()
+			h.c.client.Close()
+		})
+		defer stop()
+	}
 	if pooled(r) && h.pool.forward(rw, r, rec.Source, h.key, h.addr, h.authority, target) {
 		return
 	}
@@ -314,6 +330,25 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx = context.WithValue(ctx, targetKey{}, h.addr)
 	ctx = context.WithValue(ctx, authorityKey{}, h.authority)
 	h.fwd.ServeHTTP(rw, r.WithContext(ctx))
+}
+
+// learnQueries are the queries a request was let through on: its method
+// and every override it names, on its target and on its Destination.
+func (h *bumpHandler) learnQueries(source, method, target, dest string, hasDest bool, overrides []string) []policy.Query {
+	methods := []string{method}
+	for _, m := range overrides {
+		if !slices.Contains(methods, m) && m != strings.ToUpper(method) {
+			methods = append(methods, m)
+		}
+	}
+	var qs []policy.Query
+	for _, m := range methods {
+		qs = append(qs, policy.Query{Source: source, Host: h.host, Port: h.port, Method: m, Path: target})
+		if hasDest {
+			qs = append(qs, policy.Query{Source: source, Host: h.host, Port: h.port, Method: m, Path: dest})
+		}
+	}
+	return qs
 }
 
 // isHost reports whether a Host header or URL authority (host[:port])

@@ -27,6 +27,14 @@ type Decider interface {
 	Decide(q policy.Query) policy.Decision
 }
 
+// Changer is a Decider that says when its answers may change
+// (policy.Sandbox.Changed): the channel it returns is closed then. With
+// one, what learn mode let through is decided again at every change, not
+// only when learn mode was to end (design §3.2).
+type Changer interface {
+	Changed() <-chan struct{}
+}
+
 // Asker holds a connection until a person decides (policy.Broker).
 type Asker interface {
 	// Ask blocks until a decision or the approval's timeout; ctx ends it
@@ -52,7 +60,9 @@ type Config struct {
 	Sandbox string
 	// Listen is the gateway address and proxy port. Required.
 	Listen netip.AddrPort
-	// Policy decides connections. Required.
+	// Policy decides connections. Required. If it is also a Changer (as
+	// policy.Sandbox is), what learn mode let through is decided again
+	// whenever the policy in force changes.
 	Policy Decider
 	// Approvals holds connections policy answers "ask" for; nil denies them.
 	Approvals Asker
@@ -177,6 +187,11 @@ type Proxy struct {
 	mu    sync.Mutex
 	conns map[*net.TCPConn]*tracked
 
+	// learnMu guards learned: what learn mode let through and is open
+	// (see watchLearned).
+	learnMu sync.Mutex
+	learned map[*learnWatch]struct{}
+
 	// peekBufs holds MaxPeek-byte buffers for peek: a ClientHello needs a
 	// few hundred bytes of one, and a connection that stays open for
 	// hours keeps only those.
@@ -223,7 +238,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	p := &Proxy{cfg: cfg, log: log.With("component", "tproxy", "sandbox", cfg.Sandbox),
-		conns: make(map[*net.TCPConn]*tracked), ctx: ctx, stop: stop, pipes: newPipePool(64)}
+		conns: make(map[*net.TCPConn]*tracked), learned: make(map[*learnWatch]struct{}), ctx: ctx, stop: stop, pipes: newPipePool(64)}
 	p.h1 = &h1Pool{p: p, idle: map[string][]*h1Upstream{}, transports: map[string]*http.Transport{}}
 	p.limits = newLimiter(cfg.MaxConnsPerMember, cfg.MaxConnsPerSandbox, p.log)
 	if cfg.MemberAPI != nil {
@@ -242,6 +257,10 @@ func (p *Proxy) Start() error {
 	p.wg.Add(2)
 	go p.accept()
 	go p.janitor()
+	if ch, ok := p.cfg.Policy.(Changer); ok {
+		p.wg.Add(1)
+		go p.recheckLearned(ch)
+	}
 	p.startMemberAPI()
 	p.log.Info("proxy listening", "addr", ln.Addr().String())
 	return nil
@@ -559,47 +578,124 @@ func (p *Proxy) act(c *conn, t target, a action) {
 		}
 		p.mu.Unlock()
 		if a.decision.Reason == policy.ReasonLearn {
-			stop := p.cutWhenLearnEnds(c, t, up, a.decision.Until)
+			stop := p.watchLearned([]policy.Query{{Source: c.rec.Source, Host: t.host, Port: t.dst.Port()}}, func() {
+				p.log.Info("learn mode ended: connection closed", "sandbox", p.cfg.Sandbox, "source", c.rec.Source, "host", t.host, "port", t.dst.Port())
+				c.client.Close()
+				up.Close()
+			})
 			defer stop()
 		}
 		p.splice(c, up, t.name, a.inspect)
 	}
 }
 
-// cutWhenLearnEnds closes a spliced connection learn mode let through once
-// learn mode ends, unless a rule allows it by then: learn mode is bounded
-// in time, and so is what it let through (intercepted connections are
-// decided request by request and need no such watch). It returns a func
-// that stops the watch.
-func (p *Proxy) cutWhenLearnEnds(c *conn, t target, up *net.TCPConn, until time.Time) (stop func()) {
-	var mu sync.Mutex
-	var timer *time.Timer
-	stopped := false
-	var check func()
-	check = func() {
-		d := p.cfg.Policy.Decide(policy.Query{Source: c.rec.Source, Host: t.host, Port: t.dst.Port()})
-		mu.Lock()
-		defer mu.Unlock()
+// learnWatch is something open that learn mode let through: a spliced
+// connection, or an intercepted request still under way (a WebSocket, a
+// stream). Its queries are decided again when learn mode is to end and
+// whenever the policy in force changes; once one of them is not allowed,
+// cut closes it. A rule that allows them all keeps it open.
+type learnWatch struct {
+	p   *Proxy
+	qs  []policy.Query
+	cut func()
+
+	mu    sync.Mutex // serialises check: a later answer is never undone by an earlier one
+	timer *time.Timer
+	done  bool
+}
+
+// watchLearned watches what learn mode let through (see learnWatch) until
+// the func it returns is called; it decides qs once at once, so that a
+// change of the policy since they were decided is not missed. A watch
+// costs a map entry and a timer: no goroutine.
+func (p *Proxy) watchLearned(qs []policy.Query, cut func()) (stop func()) {
+	w := &learnWatch{p: p, qs: qs, cut: cut}
+	p.learnMu.Lock()
+	p.learned[w] = struct{}{}
+	p.learnMu.Unlock()
+	w.check()
+	return func() {
+		w.mu.Lock()
+		w.done = true
+		if w.timer != nil {
+			w.timer.Stop()
+		}
+		w.mu.Unlock()
+		p.learnMu.Lock()
+		delete(p.learned, w)
+		p.learnMu.Unlock()
+	}
+}
+
+// check decides the watch's queries again: it cuts what none allows any
+// longer, and otherwise checks again when the earliest learn mode that
+// allows one of them is to end.
+func (w *learnWatch) check() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	var until time.Time
+	for _, q := range w.qs {
+		d := w.p.cfg.Policy.Decide(q)
 		switch {
-		case stopped:
-		case d.Verdict == policy.Allow && d.Reason == policy.ReasonLearn:
-			// learn_until was moved later.
-			timer = time.AfterFunc(time.Until(d.Until), check)
-		case d.Verdict == policy.Allow:
-			// A rule allows it now.
-		default:
-			p.log.Info("learn mode ended: connection closed", "sandbox", p.cfg.Sandbox, "source", c.rec.Source, "host", t.host, "port", t.dst.Port())
-			c.client.Close()
-			up.Close()
+		case d.Verdict != policy.Allow:
+			// Learn mode ended, or was turned off, and no rule allows it;
+			// or a rule now denies or asks.
+			w.done = true
+			if w.timer != nil {
+				w.timer.Stop()
+			}
+			w.cut()
+			return
+		case d.Reason == policy.ReasonLearn && (until.IsZero() || d.Until.Before(until)):
+			until = d.Until
 		}
 	}
-	timer = time.AfterFunc(time.Until(until), check)
-	return func() {
-		mu.Lock()
-		stopped = true
-		timer.Stop()
-		mu.Unlock()
+	switch {
+	case until.IsZero():
+		// Rules allow it: checked again only if the policy changes.
+		if w.timer != nil {
+			w.timer.Stop()
+		}
+	case w.timer == nil:
+		w.timer = time.AfterFunc(time.Until(until), w.check)
+	default:
+		w.timer.Reset(time.Until(until))
 	}
+}
+
+// recheckLearned checks every learned watch again whenever the policy in
+// force changes, until the proxy closes. The next change's channel is
+// taken before the checks, so a change during them is checked for too.
+func (p *Proxy) recheckLearned(ch Changer) {
+	defer p.wg.Done()
+	changed := ch.Changed()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-changed:
+		}
+		changed = ch.Changed()
+		p.checkLearned()
+	}
+}
+
+// checkLearned checks every learned watch again, and returns how many
+// there were.
+func (p *Proxy) checkLearned() int {
+	p.learnMu.Lock()
+	ws := make([]*learnWatch, 0, len(p.learned))
+	for w := range p.learned {
+		ws = append(ws, w)
+	}
+	p.learnMu.Unlock()
+	for _, w := range ws {
+		w.check()
+	}
+	return len(ws)
 }
 
 // checkECH refuses a ClientHello with encrypted_client_hello on its way to
