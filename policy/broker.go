@@ -442,13 +442,7 @@ func (b *Broker) leave(w *waiter) bool {
 		return true
 	}
 	gone := ps.Pending
-	var reopened *Pending
-	if len(ps.waiters) > 0 {
-		next := &pendingState{Pending: ps.Pending, key: ps.key, query: ps.query}
-		next.Sources = slices.Clone(ps.Sources)
-		p := b.openLocked(next, ps.waiters)
-		reopened = &p
-	}
+	reopened := b.requeueLocked(ps, ps.waiters)
 	ps.waiters = nil
 	b.mu.Unlock()
 	b.emit(BrokerEvent{Kind: "decided", Pending: gone, Action: "gone"})
@@ -456,6 +450,54 @@ func (b *Broker) leave(w *waiter) bool {
 		b.emit(BrokerEvent{Kind: "opened", Pending: *reopened})
 	}
 	return true
+}
+
+// requeueLocked asks about waiters of ps (taken off the list) anew, none of
+// whom the person was shown: they join the open approval for the same
+// question, if one was opened meanwhile, or a new one that shows the
+// first's own request, which it returns to announce.
+func (b *Broker) requeueLocked(ps *pendingState, waiters []*waiter) *Pending {
+	if len(waiters) == 0 {
+		return nil
+	}
+	for _, open := range b.pending {
+		if open.key == ps.key {
+			open.waiters = append(open.waiters, waiters...)
+			open.Waiting = len(open.waiters)
+			for _, w := range waiters {
+				w.ps = open
+			}
+			return nil
+		}
+	}
+	next := &pendingState{Pending: ps.Pending, key: ps.key, query: ps.query}
+	next.Sources = slices.Clone(ps.Sources)
+	p := b.openLocked(next, slices.Clone(waiters))
+	return &p
+}
+
+// putBackLocked returns an approval taken off the list to be decided (a
+// decision that failed) as it was, with the time it has left, when nothing
+// changed meanwhile. When its shown request went away, or the same question
+// was asked again in an approval of its own meanwhile, it ends (gone, in
+// the event returned) and those still waiting are asked anew.
+func (b *Broker) putBackLocked(ps *pendingState) []BrokerEvent {
+	shownHere := slices.Contains(ps.waiters, ps.shown)
+	other := false
+	for _, open := range b.pending {
+		other = other || open.key == ps.key
+	}
+	if shownHere && !other {
+		b.pending[ps.ID] = ps
+		ps.timer.Reset(max(ps.Deadline.Sub(b.cfg.Now()), 0))
+		return nil
+	}
+	events := []BrokerEvent{{Kind: "decided", Pending: ps.Pending, Action: "gone"}}
+	if p := b.requeueLocked(ps, ps.waiters); p != nil {
+		events = append(events, BrokerEvent{Kind: "opened", Pending: *p})
+	}
+	ps.waiters = nil
+	return events
 }
 
 // takeLocked takes a pending approval that is being decided off the list
@@ -514,13 +556,7 @@ func (b *Broker) allowOnce(ps *pendingState) bool {
 	ps.waiters = nil
 	decided := ps.Pending
 	decided.Waiting = 1
-	var reopened *Pending
-	if len(rest) > 0 {
-		next := &pendingState{Pending: ps.Pending, key: ps.key, query: ps.query}
-		next.Sources = slices.Clone(ps.Sources)
-		p := b.openLocked(next, rest)
-		reopened = &p
-	}
+	reopened := b.requeueLocked(ps, rest)
 	b.mu.Unlock()
 	b.answer(decided, []*waiter{first}, Outcome{Allowed: true, Reason: "approved once"}, "allow_once", nil)
 	if reopened != nil {
@@ -564,11 +600,15 @@ func (b *Broker) Get(id string) (Pending, bool) {
 func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 	b.mu.Lock()
 	ps, ok := b.pending[id]
+	var p Pending
+	if ok {
+		p = ps.Pending
+	}
 	b.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("decide %s: %w", id, ErrNoPending)
 	}
-	if err := checkChoice(ps.Pending, c); err != nil {
+	if err := checkChoice(p, c); err != nil {
 		return nil, fmt.Errorf("decide %s: %w", id, err)
 	}
 	switch c.Action {
@@ -591,19 +631,7 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 		if c.Pattern == "" {
 			return nil, errors.New("allow_pattern needs a pattern")
 		}
-		source := "approved during run"
-		r, err := b.cfg.Sandbox.Add(AddRequest{Pattern: c.Pattern, List: Allowlist, Persist: c.Persist, Force: c.Force, Source: source})
-		if err != nil {
-			return nil, err
-		}
-		// The chosen pattern may not cover the asking host (a person may
-		// pick any pattern, and a rule without a member does not speak for
-		// a high-risk or user_added member); the person saw this approval,
-		// so it is still answered yes once. The others get only what the
-		// rules allow them.
-		b.resolve(ps, Outcome{Allowed: true, Rule: r, Reason: "approved by pattern " + r.Pattern.String()}, "allow_pattern", r)
-		b.ReleaseAllowed()
-		return r, nil
+		return b.allowPattern(ps, c)
 	}
 	return nil, fmt.Errorf("decide %s: unknown action %v", id, c.Action)
 }
@@ -630,11 +658,9 @@ func (b *Broker) denyAndSave(ps *pendingState, pattern string) (*Rule, error) {
 	b.mu.Lock()
 	waiters := ps.waiters
 	if err != nil {
-		kept := b.putBackLocked(ps)
+		events := b.putBackLocked(ps)
 		b.mu.Unlock()
-		if !kept {
-			b.emit(BrokerEvent{Kind: "decided", Pending: ps.Pending, Action: "gone"})
-		}
+		b.emitAll(events)
 		return nil, err
 	}
 	ps.waiters = nil
@@ -644,16 +670,51 @@ func (b *Broker) denyAndSave(ps *pendingState, pattern string) (*Rule, error) {
 	return rule, nil
 }
 
-// putBackLocked returns an approval takeLocked took to the list, with the
-// time it has left, and reports true; one whose waiters all left meanwhile
-// is dropped (false), to be announced as gone.
-func (b *Broker) putBackLocked(ps *pendingState) bool {
-	if len(ps.waiters) == 0 {
-		return false
+// allowPattern adds the person's allow rule, then answers the approval.
+// The approval is taken off the list while the rule is saved, so that no
+// request joins it unseen meanwhile. The request shown is answered yes
+// (the person saw it, whether or not the chosen pattern covers it: a
+// person may pick any pattern, and a rule without a member does not speak
+// for a high-risk or user_added member); the others that share the
+// approval are let through only if the rules now allow their question, and
+// are asked about anew otherwise. Then every other pending approval the
+// rules allow is released. A rule that cannot be saved puts the approval
+// back (see putBackLocked).
+func (b *Broker) allowPattern(ps *pendingState, c Choice) (*Rule, error) {
+	b.mu.Lock()
+	if !b.takeLocked(ps) {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("decide %s: %w", ps.ID, ErrNoPending)
 	}
-	b.pending[ps.ID] = ps
-	ps.timer.Reset(max(ps.Deadline.Sub(b.cfg.Now()), 0))
-	return true
+	b.mu.Unlock()
+	r, err := b.cfg.Sandbox.Add(AddRequest{Pattern: c.Pattern, List: Allowlist, Persist: c.Persist, Force: c.Force, Source: "approved during run"})
+	b.mu.Lock()
+	if err != nil {
+		events := b.putBackLocked(ps)
+		b.mu.Unlock()
+		b.emitAll(events)
+		return nil, err
+	}
+	yes := ps.waiters
+	var reopened *Pending
+	if d := b.cfg.Sandbox.Decide(ps.query); d.Verdict != Allow || d.Rule == nil {
+		yes = nil
+		if slices.Contains(ps.waiters, ps.shown) {
+			yes = []*waiter{ps.shown}
+		}
+		rest := slices.DeleteFunc(slices.Clone(ps.waiters), func(w *waiter) bool { return w == ps.shown })
+		reopened = b.requeueLocked(ps, rest)
+	}
+	ps.waiters = nil
+	decided := ps.Pending
+	decided.Waiting = len(yes)
+	b.mu.Unlock()
+	b.answer(decided, yes, Outcome{Allowed: true, Rule: r, Reason: "approved by pattern " + r.Pattern.String()}, "allow_pattern", r)
+	if reopened != nil {
+		b.emit(BrokerEvent{Kind: "opened", Pending: *reopened})
+	}
+	b.ReleaseAllowed()
+	return r, nil
 }
 
 // checkChoice refuses an action that does not apply to the approval's
@@ -726,6 +787,12 @@ func (b *Broker) ReleaseAllowed() {
 	b.mu.Unlock()
 	for i, ps := range allowed {
 		b.resolve(ps, Outcome{Allowed: true, Rule: rules[i], Reason: "allowed by " + rules[i].Pattern.String()}, "allow_pattern", rules[i])
+	}
+}
+
+func (b *Broker) emitAll(events []BrokerEvent) {
+	for _, e := range events {
+		b.emit(e)
 	}
 }
 

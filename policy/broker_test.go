@@ -745,3 +745,227 @@ func TestBrokerPersistedDenyIsAllOrNothing(t *testing.T) {
 		}
 	})
 }
+
+// The member holds the policy file's .lock (it sits in its project) so that
+// a persisted deny cannot be saved, and hangs up the request the approval
+// shows while the rule is being written. The approval is not put back
+// showing a request that went away: it ends "gone" and the others are
+// asked anew, each shown with its own request (invariant 13).
+func TestBrokerFailedSaveAfterTheShownRequestLeft(t *testing.T) {
+	old := lockWait
+	lockWait = 300 * time.Millisecond
+	t.Cleanup(func() { lockWait = old })
+	b, _, path, events := newTestBroker(t, time.Minute)
+	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	req := func(n string) AskRequest {
+		return AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "POST", URL: "https://x.example/upload",
+			Headers: map[string][]string{"X-N": {n}}, Reason: "reason " + n}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan Outcome, 1)
+	go func() { first <- b.Ask(ctx, req("benign")) }()
+	waitPending(t, b, 1, 1)
+	second := ask(t, b, req("exfil"))
+	p := waitPending(t, b, 1, 2)[0]
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Decide(p.ID, Choice{Action: ResolveDeny, Persist: true})
+		done <- err
+	}()
+	waitPending(t, b, 0, 0) // taken to be decided; the rule waits on the lock
+	cancel()                // the member hangs up the request shown
+	<-first
+	if err := <-done; err == nil {
+		t.Fatal("deny+persist with the lock held: no error")
+	}
+	q := waitPending(t, b, 1, 1)[0]
+	if got := q.Headers["X-N"]; q.ID == p.ID || len(got) != 1 || got[0] != "exfil" {
+		t.Errorf("after the failed save the approval is %s showing X-N %v (reason %q); want a new approval (the old one gone) showing the held request's own headers, exfil",
+			q.ID, got, q.Reason)
+	}
+	// Shown now, it is what a pattern's yes once answers.
+	if _, err := b.Decide(q.ID, Choice{Action: ResolveAllowPattern, Pattern: "unrelated.example"}); err != nil {
+		t.Fatal(err)
+	}
+	if o := outcome(t, second); !o.Allowed {
+		t.Errorf("the request shown, allowed by a pattern: %+v", o)
+	}
+	if !announced(events, p.ID, "gone") {
+		t.Errorf("approval %s not announced as gone", p.ID)
+	}
+}
+
+// After a failed save whose shown request left, allow once lets through the
+// request the new approval shows, and is announced for it.
+func TestBrokerFailedSaveThenAllowOnce(t *testing.T) {
+	old := lockWait
+	lockWait = 300 * time.Millisecond
+	t.Cleanup(func() { lockWait = old })
+	b, _, path, events := newTestBroker(t, time.Minute)
+	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	req := func(n string) AskRequest {
+		return AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "POST", URL: "https://x.example/upload",
+			Headers: map[string][]string{"X-N": {n}}}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan Outcome, 1)
+	go func() { first <- b.Ask(ctx, req("benign")) }()
+	waitPending(t, b, 1, 1)
+	second := ask(t, b, req("exfil"))
+	p := waitPending(t, b, 1, 2)[0]
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Decide(p.ID, Choice{Action: ResolveDeny, Persist: true})
+		done <- err
+	}()
+	waitPending(t, b, 0, 0)
+	cancel()
+	<-first
+	<-done
+	q := waitPending(t, b, 1, 1)[0]
+	if got := q.Headers["X-N"]; q.ID == p.ID || len(got) != 1 || got[0] != "exfil" {
+		t.Fatalf("after the failed save: %s showing %v", q.ID, got)
+	}
+	if _, err := b.Decide(q.ID, Choice{Action: ResolveAllowOnce}); err != nil {
+		t.Fatal(err)
+	}
+	if o := outcome(t, second); !o.Allowed {
+		t.Errorf("the request shown, allowed once: %+v", o)
+	}
+	if !announced(events, q.ID, "allow_once") || !announced(events, p.ID, "gone") {
+		t.Errorf("events: %+v", *events)
+	}
+}
+
+// allow_pattern with a pattern that does not cover the approval's own
+// question (here a high-risk MCP member, for which a rule without a member
+// does not speak) answers yes once to the request shown, and nothing else:
+// not a request that joined it unseen, nor one asked after the person
+// clicked while the rule waited on the lock the member holds. Those are
+// asked about anew.
+func TestBrokerAllowPatternLetsThroughOnlyWhatWasShown(t *testing.T) {
+	s, path := openTestSandbox(t, "sandbox:\n  unknown_action: ask\n  mcp_servers:\n    - name: fetch\n")
+	b, err := NewBroker(BrokerConfig{Sandbox: s, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func(n string) AskRequest {
+		return AskRequest{Source: "mcp:fetch", Host: "x.example", Port: 443, Method: "POST", URL: "https://x.example/upload",
+			Headers: map[string][]string{"X-N": {n}}}
+	}
+	shown := ask(t, b, req("benign"))
+	waitPending(t, b, 1, 1)
+	unseen := ask(t, b, req("joined-unseen"))
+	p := waitPending(t, b, 1, 2)[0]
+	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Decide(p.ID, Choice{Action: ResolveAllowPattern, Pattern: "x.example", Persist: true})
+		done <- err
+	}()
+	waitPending(t, b, 0, 0) // taken to be decided; the rule waits on the lock
+	late := ask(t, b, req("exfil-after-the-click"))
+	waitPending(t, b, 1, 1) // asked about in an approval of its own
+	syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if o := outcome(t, shown); !o.Allowed {
+		t.Fatalf("the request shown: %+v", o)
+	}
+	if d := s.Decide(queryOf(req("x"))); d.Verdict == Allow {
+		t.Fatalf("the rules allow the member's request: %v", d)
+	}
+	stillHeld(t, late, "a request asked after the click")
+	stillHeld(t, unseen, "a request that joined unseen")
+	if q := waitPending(t, b, 1, 2)[0]; q.Headers["X-N"][0] != "exfil-after-the-click" {
+		t.Errorf("pending after: %+v", q)
+	}
+}
+
+// While a persisted deny's rule waits on the lock the member holds, the
+// member asks the same question again, in an approval of its own; when the
+// save fails, the first is not put back beside it: one question, one
+// approval (design §5.2).
+func TestBrokerFailedSaveKeepsOneApprovalPerQuestion(t *testing.T) {
+	old := lockWait
+	lockWait = 300 * time.Millisecond
+	t.Cleanup(func() { lockWait = old })
+	b, _, path, _ := newTestBroker(t, time.Minute)
+	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	req := AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/a"}
+	ask(t, b, req)
+	p := waitPending(t, b, 1, 1)[0]
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Decide(p.ID, Choice{Action: ResolveDeny, Persist: true})
+		done <- err
+	}()
+	waitPending(t, b, 0, 0)
+	ask(t, b, req) // the same question, while the rule is written
+	waitPending(t, b, 1, 1)
+	<-done
+	if got := b.List(); len(got) != 1 {
+		t.Errorf("%d approvals for one question after the failed save: %+v", len(got), got)
+	}
+}
+
+// Decide reads an approval while members join and leave it (go test -race).
+func TestBrokerDecideWhileMembersComeAndGo(t *testing.T) {
+	b, _, _, _ := newTestBroker(t, time.Minute)
+	req := AskRequest{Source: "agent", Host: "x.example", Port: 443}
+	ask(t, b, req)
+	p := waitPending(t, b, 1, 1)[0]
+	stop := make(chan struct{})
+	joined := make(chan struct{})
+	go func() {
+		defer close(joined)
+		for i := 0; i < 200; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			d := make(chan struct{})
+			go func() { b.Ask(ctx, req); close(d) }()
+			time.Sleep(time.Millisecond)
+			cancel()
+			<-d
+		}
+	}()
+	for i := 0; i < 2000; i++ {
+		// A wrong action: checked, refused, nothing decided.
+		b.Decide(p.ID, Choice{Action: ResolveAllow})
+	}
+	close(stop)
+	<-joined
+}
