@@ -116,6 +116,21 @@ func testMemberOutput(t *testing.T, w *testworld.World, token string) {
 		}
 	})
 
+	t.Run("docker cp stops at its bounds", func(t *testing.T) {
+		dest := t.TempDir()
+		// dist holds 3,053 bytes of files in 7 entries.
+		out, code := run("docker", "cp", "--max-entries", "3", dk1, "e2e-artifacts:/workspace/dist", dest)
+		if code == 0 || !strings.Contains(out, "more than 3 entries") {
+			t.Errorf("--max-entries 3: exit %d %s", code, out)
+		}
+		if out, code := run("docker", "cp", "--max-mib", "-1", dk1, "e2e-artifacts:/workspace/dist", t.TempDir()); code != 2 || !strings.Contains(out, "want 0") {
+			t.Errorf("--max-mib -1: exit %d %s", code, out)
+		}
+		if out, code := run("docker", "cp", "--max-mib", "0", "--max-entries", "0", dk1, "e2e-artifacts:/workspace/dist", t.TempDir()); code != 0 {
+			t.Errorf("no bounds: exit %d %s", code, out)
+		}
+	})
+
 	t.Run("docker cp refuses a link out of DEST", func(t *testing.T) {
 		parent := t.TempDir()
 		dest := filepath.Join(parent, "dest")

@@ -27,7 +27,12 @@ import (
 // its parent), so nothing lands outside it whatever links are on the disk
 // already; a link where a file, directory or link is to be written is
 // replaced, not followed.
-func UnpackArchive(r io.Reader, dest string) (entries int, err error) {
+//
+// lim bounds what the member can make it write: the regular files' bytes
+// (as their headers say, before any is written: a sparse file counts at
+// its full size) and the entries. Past either, unpacking stops with an
+// error; what was written before stays.
+func UnpackArchive(r io.Reader, dest string, lim UnpackLimits) (entries int, err error) {
 	rootDir, rename := dest, ""
 	fi, err := os.Stat(dest)
 	switch {
@@ -45,6 +50,7 @@ func UnpackArchive(r io.Reader, dest string) (entries int, err error) {
 	defer root.Close()
 	tr := tar.NewReader(r)
 	top := ""
+	var written int64 // the regular files' bytes so far
 	// place checks an entry's name and returns where it goes under root.
 	place := func(raw string) (string, error) {
 		name, err := entryName(raw)
@@ -81,6 +87,15 @@ func UnpackArchive(r io.Reader, dest string) (entries int, err error) {
 		if err != nil {
 			return entries, fmt.Errorf("read the archive: %w", err)
 		}
+		if lim.MaxEntries > 0 && entries >= lim.MaxEntries {
+			return entries, fmt.Errorf("the archive holds more than %d entries (the bound on entries)", lim.MaxEntries)
+		}
+		if h.Typeflag == tar.TypeReg && lim.MaxBytes > 0 {
+			if h.Size > lim.MaxBytes-written {
+				return entries, fmt.Errorf("archive entry %q is %d bytes, which would take the files past %d bytes (the bound on bytes)", h.Name, h.Size, lim.MaxBytes)
+			}
+			written += h.Size
+		}
 		name, err := place(h.Name)
 		if err != nil {
 			return entries, err
@@ -91,6 +106,17 @@ func UnpackArchive(r io.Reader, dest string) (entries int, err error) {
 		entries++
 	}
 }
+
+// UnpackLimits bounds an unpacking; a zero field means no bound.
+type UnpackLimits struct {
+	MaxBytes   int64 // the regular files' bytes in all
+	MaxEntries int
+}
+
+// DefaultUnpackLimits are `airlock docker cp`'s bounds unless its flags say
+// otherwise: room for a workspace's build output, not for a member that
+// means to fill the host's disk.
+var DefaultUnpackLimits = UnpackLimits{MaxBytes: 2 << 30, MaxEntries: 100_000}
 
 // entryName checks an entry's name: relative, plain, UTF-8 free of NUL.
 func entryName(raw string) (string, error) {

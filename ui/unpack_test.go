@@ -69,7 +69,7 @@ func TestUnpackArchive(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
-			n, err := UnpackArchive(bytes.NewReader(makeTar(t, tt.archive, nil)), filepath.Join(dir, tt.dest))
+			n, err := UnpackArchive(bytes.NewReader(makeTar(t, tt.archive, nil)), filepath.Join(dir, tt.dest), UnpackLimits{})
 			if err != nil || n != len(tt.archive) {
 				t.Fatalf("UnpackArchive = %d, %v", n, err)
 			}
@@ -108,7 +108,7 @@ func TestUnpackArchiveRefuses(t *testing.T) {
 			parent := t.TempDir()
 			dest := filepath.Join(parent, "dest")
 			os.Mkdir(dest, 0o755)
-			_, err := UnpackArchive(bytes.NewReader(makeTar(t, []tarEntry{ok, tt.entry}, nil)), dest)
+			_, err := UnpackArchive(bytes.NewReader(makeTar(t, []tarEntry{ok, tt.entry}, nil)), dest, UnpackLimits{})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("UnpackArchive = %v, want an error saying %q", err, tt.want)
 			}
@@ -117,12 +117,12 @@ func TestUnpackArchiveRefuses(t *testing.T) {
 			}
 		})
 	}
-	if _, err := UnpackArchive(bytes.NewReader(makeTar(t, nil, nil)), t.TempDir()); err == nil {
+	if _, err := UnpackArchive(bytes.NewReader(makeTar(t, nil, nil)), t.TempDir(), UnpackLimits{}); err == nil {
 		t.Error("an empty archive unpacked")
 	}
 	file := filepath.Join(t.TempDir(), "f")
 	os.WriteFile(file, nil, 0o644)
-	if _, err := UnpackArchive(bytes.NewReader(makeTar(t, goodArchive, nil)), file); err == nil || !strings.Contains(err.Error(), "not a directory") {
+	if _, err := UnpackArchive(bytes.NewReader(makeTar(t, goodArchive, nil)), file, UnpackLimits{}); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Errorf("onto a file: %v", err)
 	}
 }
@@ -136,7 +136,7 @@ func TestUnpackArchiveReplacesLinks(t *testing.T) {
 	dest := filepath.Join(parent, "dest")
 	os.MkdirAll(filepath.Join(dest, "dist"), 0o755)
 	os.Symlink(outside, filepath.Join(dest, "dist", "app"))
-	if _, err := UnpackArchive(bytes.NewReader(makeTar(t, goodArchive, nil)), dest); err != nil {
+	if _, err := UnpackArchive(bytes.NewReader(makeTar(t, goodArchive, nil)), dest, UnpackLimits{}); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(outside); string(b) != "keep" {
@@ -158,7 +158,7 @@ func FuzzUnpackArchive(f *testing.F) {
 		parent := t.TempDir()
 		dest := filepath.Join(parent, "dest")
 		os.Mkdir(dest, 0o755)
-		UnpackArchive(bytes.NewReader(archive), dest)
+		UnpackArchive(bytes.NewReader(archive), dest, UnpackLimits{MaxBytes: 1 << 20, MaxEntries: 1000})
 		// Links are followed as the kernel follows them: each may look
 		// inside on its own and lead out through another.
 		if got := outside(t, parent, dest); len(got) > 0 {
@@ -276,7 +276,7 @@ func TestUnpackArchiveLinkChains(t *testing.T) {
 				if into == "new" {
 					target = filepath.Join(dest, "new")
 				}
-				_, err := UnpackArchive(bytes.NewReader(makeTar(t, tt.archive, nil)), target)
+				_, err := UnpackArchive(bytes.NewReader(makeTar(t, tt.archive, nil)), target, UnpackLimits{})
 				if err == nil || !strings.Contains(err.Error(), tt.want) {
 					t.Errorf("UnpackArchive = %v, want an error saying %q", err, tt.want)
 				}
@@ -294,5 +294,48 @@ func TestUnpackArchiveLinkChains(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestUnpackArchiveBounds: a member's archive cannot make the unpacking
+// write more files or bytes than its bounds, also with a header that claims
+// a size far beyond what follows (a sparse file counts at its full size):
+// it is refused before a byte of it is written.
+func TestUnpackArchiveBounds(t *testing.T) {
+	files := []tarEntry{
+		{Type: tar.TypeDir, Name: "out/", Mode: 0o755},
+		{Type: tar.TypeReg, Name: "out/a", Mode: 0o644, Body: "0123456789"},
+		{Type: tar.TypeReg, Name: "out/b", Mode: 0o644, Body: "0123456789"},
+		{Type: tar.TypeReg, Name: "out/c", Mode: 0o644, Body: "0123456789"},
+	}
+	dest := filepath.Join(t.TempDir(), "dest")
+	n, err := UnpackArchive(bytes.NewReader(makeTar(t, files, nil)), dest, UnpackLimits{MaxBytes: 25})
+	if err == nil || !strings.Contains(err.Error(), "bound on bytes") || n != 3 {
+		t.Errorf("past the bound on bytes: %d entries, %v", n, err)
+	}
+	if _, err := os.Stat(filepath.Join(dest, "c")); err == nil {
+		t.Errorf("the file past the bound was written")
+	}
+	dest = filepath.Join(t.TempDir(), "dest")
+	n, err = UnpackArchive(bytes.NewReader(makeTar(t, files, nil)), dest, UnpackLimits{MaxEntries: 2})
+	if err == nil || !strings.Contains(err.Error(), "more than 2 entries") || n != 2 {
+		t.Errorf("past the bound on entries: %d entries, %v", n, err)
+	}
+	if n, err := UnpackArchive(bytes.NewReader(makeTar(t, files, nil)), filepath.Join(t.TempDir(), "dest"), UnpackLimits{MaxBytes: 30, MaxEntries: 4}); err != nil || n != 4 {
+		t.Errorf("within the bounds: %d entries, %v", n, err)
+	}
+
+	// A header that claims 1 TiB, with nothing behind it.
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "big", Mode: 0o644, Size: 1 << 40})
+	tw.Flush()
+	parent := t.TempDir()
+	_, err = UnpackArchive(bytes.NewReader(b.Bytes()), filepath.Join(parent, "dest"), DefaultUnpackLimits)
+	if err == nil || !strings.Contains(err.Error(), "bound on bytes") {
+		t.Errorf("a 1 TiB entry: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(parent, "dest")); err == nil {
+		t.Errorf("the refused entry was created")
 	}
 }

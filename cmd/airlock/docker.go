@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"os/signal"
@@ -29,10 +30,11 @@ const dockerUsage = `usage:
       -d              start it and print its ID, without waiting
   airlock docker ps SANDBOX                  the sandbox's containers and their sources
   airlock docker rm SANDBOX CONTAINER        stop and remove a container of the sandbox
-  airlock docker cp SANDBOX CONTAINER:/workspace/PATH DEST
+  airlock docker cp [--max-mib N] [--max-entries N] SANDBOX CONTAINER:/workspace/PATH DEST
       copy a file or directory from under a member's /workspace to DEST (into
       it when it is a directory, else as DEST); - writes the tar.gz to stdout (not a terminal).
-      Entries that would land or link outside DEST, and devices, are refused
+      Entries that would land or link outside DEST, and devices, are refused; it stops
+      past 2048 MiB of files or 100000 entries unless --max-mib/--max-entries say otherwise (0: no bound)
   airlock docker logs [-f] [--tail N] SANDBOX CONTAINER
       a member's output (-f: follow it until the member ends); a member's
       control characters are shown escaped
@@ -67,6 +69,12 @@ func cmdDocker(args []string) int {
 		fs.StringVar(&req.Trust, "trust", "", "builtin, verified or user_added")
 		fs.Var(&env, "env", "KEY=VALUE for the member (repeatable)")
 		fs.BoolVar(&detach, "d", false, "start it and print its ID without waiting")
+	}
+	lim := ui.DefaultUnpackLimits
+	var maxMiB int64
+	if sub == "cp" {
+		fs.Int64Var(&maxMiB, "max-mib", lim.MaxBytes>>20, "unpack at most this many MiB of files (0: no bound)")
+		fs.IntVar(&lim.MaxEntries, "max-entries", lim.MaxEntries, "unpack at most this many entries (0: no bound)")
 	}
 	var lq ui.LogQuery
 	if sub == "logs" {
@@ -109,7 +117,11 @@ func cmdDocker(args []string) int {
 		case "rm":
 			return 0, c.Do(ctx, "DELETE", sbPath(pos[0], "/containers/"+pos[1]), nil, nil)
 		case "cp":
-			return dockerCp(ctx, c, pos[0], pos[1], pos[2])
+			if maxMiB < 0 || lim.MaxEntries < 0 || maxMiB > math.MaxInt64>>20 {
+				return 2, fmt.Errorf("--max-mib %d, --max-entries %d: want 0 (no bound) or a positive number", maxMiB, lim.MaxEntries)
+			}
+			lim.MaxBytes = maxMiB << 20
+			return dockerCp(ctx, c, pos[0], pos[1], pos[2], lim)
 		case "logs":
 			if lq.Tail < 0 {
 				return 2, fmt.Errorf("--tail %d: want a number of lines, 0 for all", lq.Tail)
@@ -157,7 +169,7 @@ func short(id string) string {
 // dockerCp copies SRC (CONTAINER:/workspace/PATH) of a member to dest: the
 // archive route's tar.gz, unpacked by ui.UnpackArchive, or as it comes
 // for "-".
-func dockerCp(ctx context.Context, c *ui.Client, sandbox, src, dest string) (int, error) {
+func dockerCp(ctx context.Context, c *ui.Client, sandbox, src, dest string, lim ui.UnpackLimits) (int, error) {
 	id, p, ok := strings.Cut(src, ":")
 	if !ok || id == "" {
 		return 2, fmt.Errorf("%q: want CONTAINER:/workspace/PATH", src)
@@ -186,7 +198,7 @@ func dockerCp(ctx context.Context, c *ui.Client, sandbox, src, dest string) (int
 	if err != nil {
 		return 1, fmt.Errorf("the archive is not gzip: %w", err)
 	}
-	n, err := ui.UnpackArchive(gz, dest)
+	n, err := ui.UnpackArchive(gz, dest, lim)
 	if err == nil {
 		// To the gzip trailer: its checksum, and that airlockd did not
 		// cut the archive short.
