@@ -290,6 +290,11 @@ func (p *Pattern) parseHost(s string, opts ParseOptions) error {
 	if err != nil {
 		return err
 	}
+	if (h == "regex" || h == "cidr") && p.port != 0 {
+		// Written back without the dot that set it apart here
+		// ("regex.:8080"), it would read as a regex: or cidr: pattern.
+		return fmt.Errorf("the host %q takes no port in a pattern: written back, %s:%d would read as a %s: pattern", h, h, p.port, h)
+	}
 	p.kind, p.host = KindExact, h
 	return nil
 }

@@ -78,6 +78,8 @@ func TestParseErrors(t *testing.T) {
 	}{
 		{name: "star", in: "*", want: "matches every host", broad: true},
 		{name: "host named like a keyword", in: "Cidr:1", want: "needs a prefix length"},
+		{name: "host regex with a port", in: "regex.:8080", want: "takes no port"},
+		{name: "host cidr with a port and a path", in: "CIDR.:8443/x", want: "takes no port"},
 		{name: "star dot star", in: "*.*", want: "matches every host", broad: true},
 		{name: "public suffix com", in: "*.com", want: "whole public suffix", broad: true},
 		{name: "public suffix co.uk", in: "*.co.uk", want: "whole public suffix", broad: true},
