@@ -194,9 +194,18 @@ type Broker struct {
 	cfg      BrokerConfig
 	refusals ratelog.Limiter
 
-	// mu guards pending.
+	// mu guards pending, taken and queue.
 	mu      sync.Mutex
 	pending map[string]*pendingState // by ID
+	// taken are approvals taken off pending to be decided whose waiters
+	// are not answered yet (a rule being saved): they still count
+	// against the bounds on held asks.
+	taken map[*pendingState]struct{}
+	// queue holds events in the order of the changes they report, which
+	// are made under mu; flush delivers them, one caller at a time
+	// (deliver), outside mu.
+	queue   []BrokerEvent
+	deliver sync.Mutex
 }
 
 type pendingState struct {
@@ -297,7 +306,7 @@ func NewBroker(cfg BrokerConfig) (*Broker, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Broker{cfg: cfg, pending: make(map[string]*pendingState)}, nil
+	return &Broker{cfg: cfg, pending: make(map[string]*pendingState), taken: make(map[*pendingState]struct{})}, nil
 }
 
 // ErrNoPending is wrapped by Decide's error for an unknown or already
@@ -340,11 +349,17 @@ func (b *Broker) join(req AskRequest, w *waiter) string {
 	b.mu.Lock()
 	if b.cfg.MaxHeldPerMember > 0 || b.cfg.MaxHeldPerSandbox > 0 {
 		all, mine := 0, 0
-		for _, ps := range b.pending {
+		count := func(ps *pendingState) {
 			all += len(ps.waiters)
 			if ps.Source == req.Source {
 				mine += len(ps.waiters)
 			}
+		}
+		for _, ps := range b.pending {
+			count(ps)
+		}
+		for ps := range b.taken {
+			count(ps)
 		}
 		switch {
 		case b.cfg.MaxHeldPerSandbox > 0 && all >= b.cfg.MaxHeldPerSandbox:
@@ -385,15 +400,15 @@ func (b *Broker) join(req AskRequest, w *waiter) string {
 	if req.Source != "" {
 		ps.Sources = []string{req.Source}
 	}
-	snapshot := b.openLocked(ps, []*waiter{w})
+	b.openLocked(ps, []*waiter{w})
 	b.mu.Unlock()
-	b.emit(BrokerEvent{Kind: "opened", Pending: snapshot})
+	b.flush(false)
 	return ""
 }
 
-// openLocked gives ps a new ID and deadline, holds waiters on it and starts
-// its timeout; it returns what to announce.
-func (b *Broker) openLocked(ps *pendingState, waiters []*waiter) Pending {
+// openLocked gives ps a new ID and deadline, holds waiters on it, starts
+// its timeout and queues its announcement.
+func (b *Broker) openLocked(ps *pendingState, waiters []*waiter) {
 	now := b.cfg.Now()
 	timeout := b.cfg.Timeout
 	if timeout == 0 {
@@ -413,7 +428,7 @@ func (b *Broker) openLocked(ps *pendingState, waiters []*waiter) Pending {
 	ps.timer = time.AfterFunc(timeout, func() {
 		b.resolve(ps, Outcome{Reason: fmt.Sprintf("no decision within %s", timeout.Round(time.Second))}, "timeout", nil)
 	})
-	return ps.Pending
+	b.queueLocked(BrokerEvent{Kind: "opened", Pending: ps.Pending})
 }
 
 // leave takes w off its approval; it reports false when w was answered
@@ -441,24 +456,27 @@ func (b *Broker) leave(w *waiter) bool {
 		b.mu.Unlock()
 		return true
 	}
-	gone := ps.Pending
-	reopened := b.requeueLocked(ps, ps.waiters)
-	ps.waiters = nil
+	b.goneLocked(ps)
 	b.mu.Unlock()
-	b.emit(BrokerEvent{Kind: "decided", Pending: gone, Action: "gone"})
-	if reopened != nil {
-		b.emit(BrokerEvent{Kind: "opened", Pending: *reopened})
-	}
+	b.flush(false)
 	return true
+}
+
+// goneLocked ends an approval taken off the list whose shown request went
+// away (decided "gone"), and asks about those still waiting anew.
+func (b *Broker) goneLocked(ps *pendingState) {
+	b.queueLocked(BrokerEvent{Kind: "decided", Pending: ps.Pending, Action: "gone"})
+	b.requeueLocked(ps, ps.waiters)
+	b.answeredLocked(ps)
 }
 
 // requeueLocked asks about waiters of ps (taken off the list) anew, none of
 // whom the person was shown: they join the open approval for the same
 // question, if one was opened meanwhile, or a new one that shows the
-// first's own request, which it returns to announce.
-func (b *Broker) requeueLocked(ps *pendingState, waiters []*waiter) *Pending {
+// first's own request.
+func (b *Broker) requeueLocked(ps *pendingState, waiters []*waiter) {
 	if len(waiters) == 0 {
-		return nil
+		return
 	}
 	for _, open := range b.pending {
 		if open.key == ps.key {
@@ -467,37 +485,32 @@ func (b *Broker) requeueLocked(ps *pendingState, waiters []*waiter) *Pending {
 			for _, w := range waiters {
 				w.ps = open
 			}
-			return nil
+			return
 		}
 	}
 	next := &pendingState{Pending: ps.Pending, key: ps.key, query: ps.query}
 	next.Sources = slices.Clone(ps.Sources)
-	p := b.openLocked(next, slices.Clone(waiters))
-	return &p
+	b.openLocked(next, slices.Clone(waiters))
 }
 
 // putBackLocked returns an approval taken off the list to be decided (a
 // decision that failed) as it was, with the time it has left, when nothing
 // changed meanwhile. When its shown request went away, or the same question
 // was asked again in an approval of its own meanwhile, it ends (gone, in
-// the event returned) and those still waiting are asked anew.
-func (b *Broker) putBackLocked(ps *pendingState) []BrokerEvent {
+// gone) and those still waiting are asked anew.
+func (b *Broker) putBackLocked(ps *pendingState) {
 	shownHere := slices.Contains(ps.waiters, ps.shown)
 	other := false
 	for _, open := range b.pending {
 		other = other || open.key == ps.key
 	}
 	if shownHere && !other {
+		delete(b.taken, ps)
 		b.pending[ps.ID] = ps
 		ps.timer.Reset(max(ps.Deadline.Sub(b.cfg.Now()), 0))
-		return nil
+		return
 	}
-	events := []BrokerEvent{{Kind: "decided", Pending: ps.Pending, Action: "gone"}}
-	if p := b.requeueLocked(ps, ps.waiters); p != nil {
-		events = append(events, BrokerEvent{Kind: "opened", Pending: *p})
-	}
-	ps.waiters = nil
-	return events
+	b.goneLocked(ps)
 }
 
 // takeLocked takes a pending approval that is being decided off the list
@@ -507,8 +520,16 @@ func (b *Broker) takeLocked(ps *pendingState) bool {
 		return false
 	}
 	delete(b.pending, ps.ID)
+	b.taken[ps] = struct{}{}
 	ps.timer.Stop()
 	return true
+}
+
+// answeredLocked marks a taken approval's waiters answered or moved on:
+// they no longer count against the bounds on held asks.
+func (b *Broker) answeredLocked(ps *pendingState) {
+	ps.waiters = nil
+	delete(b.taken, ps)
 }
 
 // resolve answers every waiter of a pending approval with out; it is a
@@ -519,19 +540,31 @@ func (b *Broker) resolve(ps *pendingState, out Outcome, action string, rule *Rul
 		b.mu.Unlock()
 		return false
 	}
-	waiters := ps.waiters
-	ps.waiters = nil
-	snapshot := ps.Pending
+	waiters := b.decidedLocked(ps, ps.waiters, action, rule)
 	b.mu.Unlock()
-	b.answer(snapshot, waiters, out, action, rule)
+	b.tell(waiters, out, action, rule)
 	return true
 }
 
-// answer announces a decision, then tells the waiters: the monitor and
-// the audit log show it ahead of the traffic it let through.
-func (b *Broker) answer(decided Pending, waiters []*waiter, out Outcome, action string, rule *Rule) {
+// decidedLocked queues the decision of a taken approval for the waiters
+// answered (the event says how many) and marks it answered; it returns
+// them, to be told with tell.
+func (b *Broker) decidedLocked(ps *pendingState, answered []*waiter, action string, rule *Rule) []*waiter {
+	decided := ps.Pending
+	decided.Waiting = len(answered)
+	b.queueLocked(BrokerEvent{Kind: "decided", Pending: decided, Action: action, Rule: rule})
+	b.answeredLocked(ps)
+	return answered
+}
+
+// tell delivers the events queued, then answers waiters: the monitor and
+// the audit log show a decision ahead of the traffic it lets through.
+func (b *Broker) tell(waiters []*waiter, out Outcome, action string, rule *Rule) {
+	b.flush(true)
 	out.Action = action
-	b.emit(BrokerEvent{Kind: "decided", Pending: decided, Action: action, Rule: rule})
+	if out.Rule == nil {
+		out.Rule = rule
+	}
 	for _, w := range waiters {
 		w.out = out
 		close(w.done)
@@ -553,15 +586,10 @@ func (b *Broker) allowOnce(ps *pendingState) bool {
 	// been asked anew (see leave).
 	first := ps.shown
 	rest := slices.DeleteFunc(slices.Clone(ps.waiters), func(w *waiter) bool { return w == first })
-	ps.waiters = nil
-	decided := ps.Pending
-	decided.Waiting = 1
-	reopened := b.requeueLocked(ps, rest)
+	yes := b.decidedLocked(ps, []*waiter{first}, "allow_once", nil)
+	b.requeueLocked(ps, rest)
 	b.mu.Unlock()
-	b.answer(decided, []*waiter{first}, Outcome{Allowed: true, Reason: "approved once"}, "allow_once", nil)
-	if reopened != nil {
-		b.emit(BrokerEvent{Kind: "opened", Pending: *reopened})
-	}
+	b.tell(yes, Outcome{Allowed: true, Reason: "approved once"}, "allow_once", nil)
 	return true
 }
 
@@ -656,17 +684,15 @@ func (b *Broker) denyAndSave(ps *pendingState, pattern string) (*Rule, error) {
 	}
 	rule, err := b.cfg.Sandbox.Add(AddRequest{Pattern: pattern, List: Denylist, Persist: true, Source: "denied during run"})
 	b.mu.Lock()
-	waiters := ps.waiters
 	if err != nil {
-		events := b.putBackLocked(ps)
+		b.putBackLocked(ps)
 		b.mu.Unlock()
-		b.emitAll(events)
+		b.flush(false)
 		return nil, err
 	}
-	ps.waiters = nil
-	decided := ps.Pending
+	waiters := b.decidedLocked(ps, ps.waiters, "deny", rule)
 	b.mu.Unlock()
-	b.answer(decided, waiters, Outcome{Reason: "denied by a person", Rule: rule}, "deny", rule)
+	b.tell(waiters, Outcome{Reason: "denied by a person"}, "deny", rule)
 	return rule, nil
 }
 
@@ -690,29 +716,25 @@ func (b *Broker) allowPattern(ps *pendingState, c Choice) (*Rule, error) {
 	r, err := b.cfg.Sandbox.Add(AddRequest{Pattern: c.Pattern, List: Allowlist, Persist: c.Persist, Force: c.Force, Source: "approved during run"})
 	b.mu.Lock()
 	if err != nil {
-		events := b.putBackLocked(ps)
+		b.putBackLocked(ps)
 		b.mu.Unlock()
-		b.emitAll(events)
+		b.flush(false)
 		return nil, err
 	}
-	yes := ps.waiters
-	var reopened *Pending
-	if d := b.cfg.Sandbox.Decide(ps.query); d.Verdict != Allow || d.Rule == nil {
+	yes, rest := ps.waiters, []*waiter(nil)
+	// A member's request holds no traffic: its answer lets nothing through,
+	// so every asker of it learns the decision.
+	if d := b.cfg.Sandbox.Decide(ps.query); !ps.Requested && (d.Verdict != Allow || d.Rule == nil) {
 		yes = nil
 		if slices.Contains(ps.waiters, ps.shown) {
 			yes = []*waiter{ps.shown}
 		}
-		rest := slices.DeleteFunc(slices.Clone(ps.waiters), func(w *waiter) bool { return w == ps.shown })
-		reopened = b.requeueLocked(ps, rest)
+		rest = slices.DeleteFunc(slices.Clone(ps.waiters), func(w *waiter) bool { return w == ps.shown })
 	}
-	ps.waiters = nil
-	decided := ps.Pending
-	decided.Waiting = len(yes)
+	yes = b.decidedLocked(ps, yes, "allow_pattern", r)
+	b.requeueLocked(ps, rest)
 	b.mu.Unlock()
-	b.answer(decided, yes, Outcome{Allowed: true, Rule: r, Reason: "approved by pattern " + r.Pattern.String()}, "allow_pattern", r)
-	if reopened != nil {
-		b.emit(BrokerEvent{Kind: "opened", Pending: *reopened})
-	}
+	b.tell(yes, Outcome{Allowed: true, Reason: "approved by pattern " + r.Pattern.String()}, "allow_pattern", r)
 	b.ReleaseAllowed()
 	return r, nil
 }
@@ -749,7 +771,7 @@ func (b *Broker) grant(ps *pendingState) error {
 		return fmt.Errorf("decide %s: %w", ps.ID, ErrNoPending)
 	}
 	waiters := ps.waiters
-	ps.waiters = nil
+	b.answeredLocked(ps) // a grant's answer is on its way whatever it is
 	decided := ps.Pending
 	b.mu.Unlock()
 	var detail string
@@ -757,11 +779,17 @@ func (b *Broker) grant(ps *pendingState) error {
 	if b.cfg.Grant != nil {
 		detail, err = b.cfg.Grant(decided)
 	}
+	action, out := "allow", Outcome{Allowed: true, Reason: detail}
 	if err != nil {
-		b.answer(decided, waiters, Outcome{Reason: ErrGrantFailed.Error() + ": " + err.Error()}, "failed", nil)
+		action, out = "failed", Outcome{Reason: ErrGrantFailed.Error() + ": " + err.Error()}
+	}
+	b.mu.Lock()
+	b.queueLocked(BrokerEvent{Kind: "decided", Pending: decided, Action: action})
+	b.mu.Unlock()
+	b.tell(waiters, out, action, nil)
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrGrantFailed, err)
 	}
-	b.answer(decided, waiters, Outcome{Allowed: true, Reason: detail}, "allow", nil)
 	return nil
 }
 
@@ -790,14 +818,40 @@ func (b *Broker) ReleaseAllowed() {
 	}
 }
 
-func (b *Broker) emitAll(events []BrokerEvent) {
-	for _, e := range events {
-		b.emit(e)
+// queueLocked queues an event where the change it reports is made; flush
+// delivers it.
+func (b *Broker) queueLocked(e BrokerEvent) {
+	if b.cfg.OnEvent != nil {
+		b.queue = append(b.queue, e)
 	}
 }
 
-func (b *Broker) emit(e BrokerEvent) {
-	if b.cfg.OnEvent != nil {
-		b.cfg.OnEvent(e)
+// flush delivers the queued events, in order, outside b.mu. With wait, it
+// returns once every event queued before the call has been delivered (a
+// decision is announced before its traffic goes); without, it leaves them
+// to a delivery under way, if there is one, which delivers them before it
+// ends: it ends only under b.mu with the queue empty.
+func (b *Broker) flush(wait bool) {
+	if b.cfg.OnEvent == nil {
+		return
+	}
+	if wait {
+		b.deliver.Lock()
+	} else if !b.deliver.TryLock() {
+		return
+	}
+	for {
+		b.mu.Lock()
+		events := b.queue
+		b.queue = nil
+		if len(events) == 0 {
+			b.deliver.Unlock()
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		for _, e := range events {
+			b.cfg.OnEvent(e)
+		}
 	}
 }

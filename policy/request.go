@@ -313,16 +313,37 @@ func (p Pending) Actions() []Resolution {
 // Ticket is a member's request as the member API keeps it: its approval's
 // ID and deadline and, once decided, the outcome.
 type Ticket struct {
+	b        *Broker // nil for a request answered at once
 	id       string
 	deadline time.Time
 	w        *waiter
 }
 
-// ID is the approval's ID, which a person decides and the member polls.
-func (t *Ticket) ID() string { return t.id }
+// ID is the ID of the approval it waits on, which a person decides and the
+// member polls: the one it opened or joined, unless it was asked about
+// anew in another since.
+func (t *Ticket) ID() string {
+	id, _ := t.current()
+	return id
+}
 
-// Deadline is when the approval times out if nobody decides.
-func (t *Ticket) Deadline() time.Time { return t.deadline }
+// Deadline is when its approval times out if nobody decides.
+func (t *Ticket) Deadline() time.Time {
+	_, deadline := t.current()
+	return deadline
+}
+
+func (t *Ticket) current() (string, time.Time) {
+	if t.b == nil {
+		return t.id, t.deadline
+	}
+	t.b.mu.Lock()
+	defer t.b.mu.Unlock()
+	if ps := t.w.ps; ps != nil {
+		t.id, t.deadline = ps.ID, ps.Deadline
+	}
+	return t.id, t.deadline
+}
 
 // Done is closed once the request is decided or has timed out.
 func (t *Ticket) Done() <-chan struct{} { return t.w.done }
@@ -380,7 +401,7 @@ func (b *Broker) Request(req AskRequest) (*Ticket, error) {
 	if why := b.join(req, w); why != "" {
 		return nil, fmt.Errorf("%w: %s", ErrTooManyHeld, why)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return &Ticket{id: w.ps.ID, deadline: w.ps.Deadline, w: w}, nil
+	t := &Ticket{b: b, w: w}
+	t.current()
+	return t, nil
 }
