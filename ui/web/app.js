@@ -9,7 +9,7 @@ const state = {
   sandbox: null, csrf: sessionStorage.getItem("airlock.csrf") || "", events: null,
   rows: [], sources: new Map(), counts: { total: 0, allow: 0, deny: 0 },
   queue: [], current: null, timer: null, follow: true, samples: [],
-  editing: false, settings: null, returnFocus: null, armedAt: 0, armTimer: null,
+  editing: false, settings: null, returnFocus: null, armedAt: 0, armTimer: null, pressed: null,
   pinned: new Set(), sessionsTimer: null, previewsTimer: null, logs: null,
 };
 const MAX_ROWS = 2000;
@@ -410,7 +410,7 @@ function openAsk(p) {
 // #ask carries data-armed once it takes decisions.
 const ARM_MS = 800;
 function armAsk() {
-  state.armedAt = Date.now() + ARM_MS;
+  state.armedAt = Date.now() + ARM_MS; state.pressed = null;
   delete $("ask").dataset.armed;
   clearTimeout(state.armTimer);
   state.armTimer = setTimeout(() => { $("ask").dataset.armed = "1"; }, ARM_MS);
@@ -483,11 +483,31 @@ $("b-deny").addEventListener("click", () => decide("deny"));
 $("b-once").addEventListener("click", () => decide("allow_once"));
 $("b-pattern").addEventListener("click", () => decide("allow_pattern"));
 $("b-allow").addEventListener("click", () => decide("allow"));
-$("ask").addEventListener("keydown", (ev) => {
-  if (ev.target.tagName === "INPUT" && ev.target.type !== "radio" && ev.target.type !== "checkbox" || ev.target.tagName === "TEXTAREA") return;
+// A key decides when it comes up, and only if it went down on this
+// approval once the dialog took decisions: a key held from the approval
+// before, or repeating, decides nothing here.
+function shortcut(ev) {
+  if (ev.target.tagName === "INPUT" && ev.target.type !== "radio" && ev.target.type !== "checkbox" || ev.target.tagName === "TEXTAREA") return "";
   const k = ev.key.toLowerCase();
   const acts = (state.current && state.current.actions) || [];
-  if (k === "a" && (acts.includes("allow") || acts.includes("allow_once"))) { ev.preventDefault(); decide(acts.includes("allow") ? "allow" : "allow_once"); } else if (k === "p" && acts.includes("allow_pattern")) { ev.preventDefault(); decide("allow_pattern"); } else if (k === "d") { ev.preventDefault(); decide("deny"); }
+  if (k === "a" && (acts.includes("allow") || acts.includes("allow_once"))) return acts.includes("allow") ? "allow" : "allow_once";
+  if (k === "p" && acts.includes("allow_pattern")) return "allow_pattern";
+  if (k === "d") return "deny";
+  return "";
+}
+$("ask").addEventListener("keydown", (ev) => {
+  const action = shortcut(ev);
+  if (!action) return;
+  ev.preventDefault();
+  if (ev.repeat || !state.current || Date.now() < state.armedAt) return;
+  state.pressed = { key: ev.key.toLowerCase(), id: state.current.id };
+});
+$("ask").addEventListener("keyup", (ev) => {
+  const action = shortcut(ev), pressed = state.pressed;
+  state.pressed = null;
+  if (!action || !pressed || pressed.key !== ev.key.toLowerCase() || !state.current || pressed.id !== state.current.id) return;
+  ev.preventDefault();
+  decide(action);
 });
 // Escape does not silently dismiss a held request: it says what to do.
 // The keydown is cancelled so no close request starts; should the browser
