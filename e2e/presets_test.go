@@ -82,9 +82,9 @@ func TestLearnThenAsk(t *testing.T) {
 		t.Errorf("airlock ls while learning:\n%s", out)
 	}
 	script := strings.Join([]string{
-		"curl -sS -m 10 http://a.cdn.test/x",
-		"curl -sS -m 10 http://b.cdn.test/y",
-		"curl -sS -m 10 http://c.cdn.test/z",
+		"curl -sS -m 10 http://a.cdn.test/assets/x",
+		"curl -sS -m 10 http://b.cdn.test/assets/y",
+		"curl -sS -m 10 http://c.cdn.test/assets/z",
 		"curl -sS -m 10 http://pkgs.test/simple/requests/",
 		"curl -sS -m 10 http://pkgs.test/simple/flask/",
 		"curl -sS -m 10 --cacert " + w.CAFile + " https://other.test/",
@@ -114,7 +114,7 @@ func TestLearnThenAsk(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s member=%s covered=%q flags=%d", p.Pattern, p.Member, p.CoveredBy, len(p.Flags)))
 	}
 	wantPatterns := []string{
-		`*.cdn.test member=agent covered="" flags=0`,
+		`*.cdn.test/assets/* member=agent covered="" flags=0`,
 		`other.test member=agent covered="" flags=0`,
 		`pkgs.test/simple/* member=agent covered="" flags=0`,
 	}
@@ -127,7 +127,7 @@ func TestLearnThenAsk(t *testing.T) {
 		t.Fatalf("airlock propose --save: %v\n%s", err, out)
 	}
 	text, _ := os.ReadFile(pol)
-	for _, s := range []string{`pattern: "*.cdn.test"`, `pattern: "pkgs.test/simple/*"`, `pattern: "other.test"`, `member: "agent"`, `source: "learned ` + time.Now().UTC().Format("2006-01-02")} {
+	for _, s := range []string{`pattern: "*.cdn.test/assets/*"`, `pattern: "pkgs.test/simple/*"`, `pattern: "other.test"`, `member: "agent"`, `source: "learned ` + time.Now().UTC().Format("2006-01-02")} {
 		if !strings.Contains(string(text), s) {
 			t.Errorf("policy file lacks %s:\n%s", s, text)
 		}

@@ -64,10 +64,13 @@ const (
 const (
 	// FlagDenied: a person denied some of the traffic when it was held.
 	FlagDenied = "a person denied this when it was held"
-	// FlagWholeHost: the requests share a path prefix, but no pattern
-	// with it fits (too long, or characters a pattern cannot hold), so the
-	// pattern allows every path and method on the host and port.
-	FlagWholeHost = "no pattern fits the path its requests share: this allows every path and method on the host"
+	// FlagWholeHost: every hit is an intercepted request, so a pattern
+	// with a path could have said less, but the pattern allows every path
+	// and method on its host and port (or on every host of a "*.domain"):
+	// the requests share no path prefix, one of their paths is ambiguous
+	// (no path rule allows it), no prefix they share fits in a pattern,
+	// or the host is a raw IP (a cidr pattern takes no path).
+	FlagWholeHost = "its requests share no path a pattern can say: this allows every path and method there"
 	// FlagNoPattern: no pattern says this traffic without saying more
 	// (a host named regex or cidr cannot take a port); Pattern is "".
 	FlagNoPattern = "no pattern says this host on this port: add a rule by hand if you mean it"
@@ -77,11 +80,13 @@ const (
 // pattern language: each name on the default ports as its exact host, or
 // as "*.domain" when WildcardMinHosts or more subdomains of one
 // registrable domain (public suffix list, private section included)
-// appear; an intercepted host (every hit a request) with the longest path
-// directory its requests share that fits in a pattern ("host/v1/*",
-// shortened segment by segment when the whole does not fit; the whole
-// host and port, flagged FlagWholeHost, when no segment does); other
-// ports as "host:port"; raw IPv4 addresses as "cidr:IP/32". A pattern is
+// appear; an intercepted host or group (every hit a request) with the
+// longest path directory its requests share that fits in a pattern
+// ("host/v1/*", "*.domain/v1/*", shortened segment by segment when the
+// whole does not fit); other ports as "host:port"; raw IPv4 addresses as
+// "cidr:IP/32". A pattern that allows every path and method although
+// every hit it stands for is an intercepted request is flagged
+// FlagWholeHost, whatever the reason (see proposeFor). A pattern is
 // scoped to a member when exactly one named member used it. Hosts whose
 // every hit decide allows with a rule already are proposed as covered
 // (CoveredBy), one each. Raw IPs, random-looking names, paste or
@@ -136,9 +141,7 @@ func Propose(hits []Hit, decide func(Query) Decision) []Proposed {
 			hh.covered = coveredBy(hh.hits, decide)
 		}
 		if hh.covered != "" {
-			p := proposeFor([]string{hostPattern(hh.host, hh.port, hh.ip)}, "", []string{hh.host}, hh.hits)
-			p.CoveredBy = hh.covered
-			out = append(out, p)
+			out = append(out, proposeFor([]string{hostPattern(hh.host, hh.port, hh.ip)}, []string{hh.host}, hh.hits, hh.covered))
 			continue
 		}
 		open = append(open, hh)
@@ -171,21 +174,22 @@ func Propose(hits []Hit, decide func(Query) Decision) []Proposed {
 		for _, hh := range g {
 			grouped[hh] = true
 		}
-		out = append(out, proposeFor([]string{"*." + d}, "", hosts, all))
+		// The path its hosts' requests share, as for one host; "*.d"
+		// (checked above) when none fits.
+		candidates := pathCandidates("*."+d, pathPrefix(all))
+		candidates = append(candidates, "*."+d)
+		out = append(out, proposeFor(candidates, hosts, all, ""))
 	}
 	for _, hh := range open {
 		if grouped[hh] {
 			continue
 		}
-		whole := hostPattern(hh.host, hh.port, hh.ip)
 		var candidates []string
-		flag := ""
-		if segs := pathPrefix(hh.hits); len(segs) > 0 && !hh.ip {
-			candidates = pathCandidates(hostPort(hh.host, hh.port), segs)
-			flag = FlagWholeHost
+		if !hh.ip {
+			candidates = pathCandidates(hostPort(hh.host, hh.port), pathPrefix(hh.hits))
 		}
-		candidates = append(candidates, whole)
-		out = append(out, proposeFor(candidates, flag, []string{hh.host}, hh.hits))
+		candidates = append(candidates, hostPattern(hh.host, hh.port, hh.ip))
+		out = append(out, proposeFor(candidates, []string{hh.host}, hh.hits, ""))
 	}
 	// By pattern, then by hosts: entries without a pattern (FlagNoPattern)
 	// come first.
@@ -352,11 +356,16 @@ func covers(p, q Pattern, hits []Hit) error {
 }
 
 // proposeFor builds the proposal for hosts and their hits: the first of
-// candidates that checkProposed accepts (flagged with lastFlag, if not ""
-// and it is the last candidate), member scope, examples, flags. When none
-// is accepted the pattern is "", flagged FlagNoPattern: never one broader
-// than the candidates, nor one that misses a hit.
-func proposeFor(candidates []string, lastFlag string, hosts []string, hits []Hit) Proposed {
+// candidates that checkProposed accepts, member scope, examples, flags.
+// When none is accepted the pattern is "", flagged FlagNoPattern: never
+// one broader than the candidates, nor one that misses a hit. covered, if
+// not "", names the rule that allows all of it already (CoveredBy).
+//
+// Whatever the candidates were, a pattern that is not covered and allows
+// every path and method (it needs no look inside a connection) although
+// every hit is an intercepted request is flagged FlagWholeHost: a pattern
+// with a path could have said less, or a person should see why not.
+func proposeFor(candidates []string, hosts []string, hits []Hit, covered string) Proposed {
 	pattern := ""
 	var flags []string
 	for i := 0; i < len(candidates); i++ {
@@ -374,8 +383,8 @@ func proposeFor(candidates []string, lastFlag string, hosts []string, hits []Hit
 			continue
 		}
 		pattern = q.String()
-		if i == len(candidates)-1 && lastFlag != "" {
-			flags = append(flags, lastFlag)
+		if covered == "" && !q.NeedsL7() && allRequests(hits) {
+			flags = append(flags, FlagWholeHost)
 		}
 		break
 	}
@@ -383,7 +392,7 @@ func proposeFor(candidates []string, lastFlag string, hosts []string, hits []Hit
 		flags = append(flags, FlagNoPattern)
 	}
 	slices.Sort(hosts)
-	p := Proposed{Pattern: pattern, Hosts: slices.Compact(hosts), Hits: len(hits), Examples: []string{}, Flags: flags}
+	p := Proposed{Pattern: pattern, Hosts: slices.Compact(hosts), Hits: len(hits), Examples: []string{}, CoveredBy: covered, Flags: flags}
 	members := map[string]bool{}
 	denied := false
 	for _, h := range hits {
@@ -413,6 +422,17 @@ func proposeFor(candidates []string, lastFlag string, hosts []string, hits []Hit
 		}
 	}
 	return p
+}
+
+// allRequests reports whether every hit is an intercepted request (and
+// there is one).
+func allRequests(hits []Hit) bool {
+	for _, h := range hits {
+		if h.Method == "" {
+			return false
+		}
+	}
+	return len(hits) > 0
 }
 
 // hostFlags says why a host deserves a second look before it is allowed.

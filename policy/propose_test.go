@@ -88,7 +88,8 @@ func TestPropose(t *testing.T) {
 				{Pattern: "api.test/v1/*", Member: "agent", Hits: 2, Hosts: []string{"api.test"}},
 				{Pattern: "mixed.test", Member: "agent", Hits: 2, Hosts: []string{"mixed.test"}},
 				{Pattern: "pkgs.test/simple/*", Member: "agent", Hits: 2, Hosts: []string{"pkgs.test"}},
-				{Pattern: "root.test", Member: "agent", Hits: 2, Hosts: []string{"root.test"}},
+				// No directory shared: every path and method, flagged.
+				{Pattern: "root.test", Member: "agent", Hits: 2, Hosts: []string{"root.test"}, Flags: []string{FlagWholeHost}},
 			},
 		},
 		{
@@ -174,12 +175,38 @@ func TestPropose(t *testing.T) {
 				// Dot segments removed, unreserved characters decoded: a
 				// prefix from the raw paths (/v1/../admin/) would match neither.
 				req("agent", "GET", "dots.test", "/v1/../admin/a"), req("agent", "GET", "dots.test", "/%61dmin/b"),
-				// An ambiguous path no path rule allows: the host.
+				// An ambiguous path no path rule allows: the host, flagged,
+				// also when one path among unambiguous ones is.
 				req("agent", "GET", "semi.test", "/v1;x/a"), req("agent", "GET", "semi.test", "/v1;x/b"),
+				req("agent", "GET", "one.test", "/v1/users/1"), req("agent", "GET", "one.test", "/v1/users/2"),
+				req("agent", "GET", "one.test", "/v1;jsessionid=1/users/3"),
 			},
 			want: []short{
 				{Pattern: "dots.test/admin/*", Member: "agent", Hits: 2, Hosts: []string{"dots.test"}},
-				{Pattern: "semi.test", Member: "agent", Hits: 2, Hosts: []string{"semi.test"}},
+				{Pattern: "one.test", Member: "agent", Hits: 3, Hosts: []string{"one.test"}, Flags: []string{FlagWholeHost}},
+				{Pattern: "semi.test", Member: "agent", Hits: 2, Hosts: []string{"semi.test"}, Flags: []string{FlagWholeHost}},
+			},
+		},
+		{
+			name: "an intercepted group keeps the path its hosts share, or is flagged",
+			hits: []Hit{
+				req("agent", "GET", "a.api.test", "/v1/items/1"), req("agent", "POST", "b.api.test", "/v1/items/2"),
+				req("agent", "GET", "c.api.test", "/v1/orders/3"),
+				req("agent", "GET", "a.www.test", "/x"), req("agent", "GET", "b.www.test", "/y/z"), req("agent", "GET", "c.www.test", "/y/w"),
+				// One connection in the group: the hosts whole, unflagged.
+				req("agent", "GET", "a.mix.test", "/v1/a"), req("agent", "GET", "b.mix.test", "/v1/b"), conn("agent", "c.mix.test", 443),
+			},
+			want: []short{
+				{Pattern: "*.api.test/v1/*", Member: "agent", Hits: 3, Hosts: []string{"a.api.test", "b.api.test", "c.api.test"}},
+				{Pattern: "*.mix.test", Member: "agent", Hits: 3, Hosts: []string{"a.mix.test", "b.mix.test", "c.mix.test"}},
+				{Pattern: "*.www.test", Member: "agent", Hits: 3, Hosts: []string{"a.www.test", "b.www.test", "c.www.test"}, Flags: []string{FlagWholeHost}},
+			},
+		},
+		{
+			name: "requests to a raw IP: a cidr pattern takes no path",
+			hits: []Hit{req("agent", "GET", "203.0.113.9", "/v1/x")},
+			want: []short{
+				{Pattern: "cidr:203.0.113.9/32", Member: "agent", Hits: 1, Hosts: []string{"203.0.113.9"}, Flags: []string{FlagWholeHost, "raw IP address: no name says whose it is"}},
 			},
 		},
 		{
@@ -244,12 +271,16 @@ func TestProposalCoversItsHits(t *testing.T) {
 
 // FuzzPropose feeds Propose hosts and paths a member chose: it must not
 // panic, every pattern it proposes must parse without force (or be "" and
-// flagged so), and every hit of a proposed host must be matched by a
-// proposed pattern, or belong to a host proposed without one.
+// flagged so), every hit of a proposed host must be matched by a proposed
+// pattern, or belong to a host proposed without one, and a pattern whose
+// hits are all intercepted requests allows no path outside the first
+// directory of every one of them unless it is flagged FlagWholeHost.
 func FuzzPropose(f *testing.F) {
 	f.Add("a.cdn.test", "/simple/x/", "b.cdn.test", "/v1/*/y", uint16(443))
 	f.Add("203.0.113.9", "", "xn--bcher-kva.example", "//..;/", uint16(5432))
 	f.Add("regex", "/v1/"+strings.Repeat("a", MaxPatternLen)+"/x", "cidr", "/a/../b/c", uint16(8080))
+	f.Add("a.d.test", "/v1/x", "d.test", "/v1;x/y", uint16(443))
+	f.Add("b.d.test", "/v1/a/x", "a.d.test", "/v1/b/y", uint16(80))
 	f.Fuzz(func(t *testing.T, h1, p1, h2, p2 string, port uint16) {
 		hits := []Hit{
 			{Source: "agent", Host: h1, Port: port, Method: "GET", Path: p1},
@@ -284,6 +315,43 @@ func FuzzPropose(f *testing.F) {
 				t.Errorf("%s:%d %s %q is covered by no proposal: %+v", h.Host, h.Port, h.Method, h.Path, props)
 			}
 		}
+		// A first path segment no hit's path has, in the form rules match.
+		first := map[string]bool{}
+		for _, h := range hits {
+			if clean, _, _ := requestPaths(h.Path); strings.HasPrefix(clean, "/") {
+				seg, _, _ := strings.Cut(clean[1:], "/")
+				first[seg] = true
+			}
+		}
+		probe := "zz-probe"
+		for first[probe] {
+			probe += "z"
+		}
+		for i, p := range props {
+			if p.Pattern == "" || slices.Contains(p.Flags, FlagWholeHost) {
+				continue
+			}
+			pat := MustParse(p.Pattern)
+			var mine []Query
+			requests := true
+			for _, h := range hits {
+				host, err := NormalizeHost(h.Host)
+				q := Query{Source: h.Source, Host: host, Port: h.Port, Method: h.Method, Path: h.Path}
+				if err == nil && slices.Contains(p.Hosts, host) && pat.Matches(q) {
+					mine = append(mine, q)
+					requests = requests && h.Method != ""
+				}
+			}
+			if len(mine) == 0 || !requests {
+				continue
+			}
+			for _, q := range mine {
+				q.Method, q.Path = "DELETE", "/"+probe+"/x"
+				if pat.Matches(q) {
+					t.Errorf("proposal %d %q (flags %q) over requests only allows %s:%d %s %s", i, p.Pattern, p.Flags, q.Host, q.Port, q.Method, q.Path)
+				}
+			}
+		}
 	})
 }
 
@@ -315,6 +383,36 @@ func TestProposeNeverWiderThanItsTraffic(t *testing.T) {
 			name:    "first path segment longer than a pattern, on another port",
 			hits:    []Hit{{Source: "agent", Host: "api.example.com", Port: 8080, Method: "GET", Path: "/" + long + "/x"}},
 			outside: []Query{{Source: "agent", Host: "api.example.com", Port: 443}, {Source: "agent", Host: "api.example.com", Port: 80}},
+		},
+		{
+			name: "an ambiguous path among paths under one prefix",
+			hits: []Hit{
+				{Source: "agent", Host: "api.example.com", Port: 443, Method: "GET", Path: "/v1/users/1"},
+				{Source: "agent", Host: "api.example.com", Port: 443, Method: "GET", Path: "/v1/users/2"},
+				{Source: "agent", Host: "api.example.com", Port: 443, Method: "GET", Path: "/v1;jsessionid=1/users/3"},
+			},
+			outside: []Query{{Source: "agent", Host: "api.example.com", Port: 443, Method: "DELETE", Path: "/admin/all"}},
+		},
+		{
+			name: "subdomains grouped under a wildcard",
+			hits: []Hit{
+				{Source: "agent", Host: "a.example.com", Port: 443, Method: "GET", Path: "/v1/items/1"},
+				{Source: "agent", Host: "b.example.com", Port: 443, Method: "GET", Path: "/v1/items/1"},
+				{Source: "agent", Host: "c.example.com", Port: 443, Method: "GET", Path: "/v1/items/1"},
+			},
+			outside: []Query{
+				{Source: "agent", Host: "a.example.com", Port: 443, Method: "DELETE", Path: "/admin/all"},
+				{Source: "agent", Host: "new.example.com", Port: 443, Method: "GET", Path: "/v2/items/1"},
+			},
+		},
+		{
+			name: "subdomains grouped under a wildcard, sharing no path",
+			hits: []Hit{
+				{Source: "agent", Host: "a.example.com", Port: 443, Method: "GET", Path: "/v1/items/1"},
+				{Source: "agent", Host: "b.example.com", Port: 443, Method: "GET", Path: "/v2/items/1"},
+				{Source: "agent", Host: "c.example.com", Port: 443, Method: "GET", Path: "/v3/items/1"},
+			},
+			outside: []Query{{Source: "agent", Host: "a.example.com", Port: 443, Method: "DELETE", Path: "/admin/all"}},
 		},
 		{
 			name:    "a host named regex on another port",
