@@ -149,12 +149,13 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Method: r.Method, URL: h.scheme + "://" + h.authority + shown, Host: h.host,
 		Proto: r.Proto, Verdict: policy.Deny, Headers: sanitizeHeaders(r.Header), LLM: h.c.rec.LLM,
 	}
-	// One allocation for both: each request has its own.
+	// One allocation for all three: each request has its own.
 	state := &struct {
 		rw   recordingWriter
 		body recordedBody
-	}{rw: recordingWriter{ResponseWriter: w, start: start}}
-	rw, body := &state.rw, &state.body
+		lt   letThrough
+	}{rw: recordingWriter{ResponseWriter: w, start: start}, lt: letThrough{h: h, source: rec.Source}}
+	rw, body, lt := &state.rw, &state.body, &state.lt
 	var ob *overrideBody // the body's override scan, if it has one
 	unrecorded := false  // refused so: counted, not recorded (see Proxy.refused)
 	defer func() {
@@ -208,7 +209,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		stripUpgrade(r.Header)
 	}
 	dropPathOverrides(r.Header)
-	d := h.decide(rec.Source, r.Method, target)
+	d := lt.decide(r.Method, target)
 	// A WebDAV COPY or MOVE acts on its Destination too.
 	dest, hasDest, err := h.destination(r.Header)
 	if err != nil {
@@ -225,7 +226,7 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var scan overrideScanner
 		if scan, err = bodyScanner(r); scan != nil {
 			ob = &overrideBody{ReadCloser: r.Body, scan: scan, decide: func(methods []string) *overrideRefusal {
-				return h.bodyOverrides(r.Method, rec.Source, target, dest, methods)
+				return h.bodyOverrides(lt, r.Method, target, dest, methods)
 			}}
 			r.Body = ob
 		}
@@ -251,19 +252,17 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	overrides = append(overrides, queried...)
 	if hasDest {
-		if rule, err := h.checkDestination(rec.Source, dest, append([]string{r.Method}, overrides...)); err != nil {
+		if rule, err := h.checkDestination(lt, dest, append([]string{r.Method}, overrides...)); err != nil {
 			rec.Reason, rec.Rule = err.Error(), rule
 			h.forbid(rw, r, &rec)
 			return
 		}
 	}
-	learned := d.Reason == policy.ReasonLearn
 	for _, m := range overrides {
 		if m == strings.ToUpper(r.Method) || slices.Contains(asks, m) {
 			continue
 		}
-		od := h.decide(rec.Source, m, target)
-		learned = learned || od.Reason == policy.ReasonLearn
+		od := lt.decide(m, target)
 		if od.Verdict == policy.Ask {
 			asks = append(asks, m)
 		}
@@ -309,19 +308,27 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Verdict = policy.Allow
-	if learned && d.Verdict == policy.Allow {
+	if lt.learnedAny() || ob != nil {
 		// What learn mode let through is cut when learn mode ends, or is
 		// turned off, unless rules allow it by then: a WebSocket, or a
-		// stream, can outlast it by far.
+		// stream, can outlast it by far. A body's overrides are decided
+		// as it goes upstream: one learn mode allows starts the watch
+		// then.
 		ctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
+		defer func() {
+			// Nothing more of the body goes upstream, or is decided, once
+			// the request is done: its watch ends first.
+			body.end()
+			lt.stop()
+			cancel()
+		}()
 		r = r.WithContext(ctx)
-		stop := h.p.watchLearned(h.learnQueries(rec.Source, r.Method, target, dest, hasDest, overrides), func() {
-			h.p.log.Info("learn mode ended: intercepted connection closed", "sandbox", h.p.cfg.Sandbox, "source", rec.Source, "host", h.host, "port", h.port, "method", r.Method, "url", rec.URL)
+		method, url := r.Method, rec.URL
+		lt.arm(func() {
+			h.p.log.Info("learn mode ended: intercepted connection closed", "sandbox", h.p.cfg.Sandbox, "source", lt.source, "host", h.host, "port", h.port, "method", method, "url", url)
 			cancel()
 			h.c.client.Close()
 		})
-		defer stop()
 	}
 	if pooled(r) && h.pool.forward(rw, r, rec.Source, h.key, h.addr, h.authority, target) {
 		return
@@ -332,23 +339,91 @@ func (h *bumpHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.fwd.ServeHTTP(rw, r.WithContext(ctx))
 }
 
-// learnQueries are the queries a request was let through on: its method
-// and every override it names, on its target and on its Destination.
-func (h *bumpHandler) learnQueries(source, method, target, dest string, hasDest bool, overrides []string) []policy.Query {
-	methods := []string{method}
-	for _, m := range overrides {
-		if !slices.Contains(methods, m) && m != strings.ToUpper(method) {
-			methods = append(methods, m)
-		}
+// letThrough is what one request is let through on. Every policy
+// decision for the request is made by its decide (there is no other way
+// to decide one: bumpHandler has none), which keeps each question a rule
+// or learn mode allowed: the request's method and each override it names
+// (headers, query, body) on its target and on its Destination. If learn
+// mode allowed any of them, the request is watched once it is let
+// through (arm), and the watch decides them all again whenever the policy
+// in force changes: it is cut once one is no longer allowed (design
+// §3.2). A question decided after arm (a body's override) is added to the
+// watch, or starts it. What a person approved is not among them: Decide
+// would ask again.
+type letThrough struct {
+	h      *bumpHandler
+	source string
+
+	// mu guards the rest: a body's overrides are decided on the
+	// goroutine that sends it upstream.
+	mu      sync.Mutex
+	qs      []policy.Query  // the questions that allowed it, each once
+	buf     [2]policy.Query // qs's first: most requests ask no more
+	learned bool            // learn mode allowed one of qs
+	cut     func()          // set by arm: what closes the request
+	watch   *learnWatch     // once learned and armed
+	stopped bool
+}
+
+// decide decides the request's method on path (its target or its
+// Destination), and keeps the question if it is allowed.
+func (l *letThrough) decide(method, path string) policy.Decision {
+	q := policy.Query{Source: l.source, Host: l.h.host, Port: l.h.port, Method: method, Path: path}
+	d := l.h.p.cfg.Policy.Decide(q)
+	if d.Verdict != policy.Allow {
+		return d
 	}
-	var qs []policy.Query
-	for _, m := range methods {
-		qs = append(qs, policy.Query{Source: source, Host: h.host, Port: h.port, Method: m, Path: target})
-		if hasDest {
-			qs = append(qs, policy.Query{Source: source, Host: h.host, Port: h.port, Method: m, Path: dest})
-		}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if slices.Contains(l.qs, q) {
+		return d
 	}
-	return qs
+	if l.qs == nil {
+		l.qs = l.buf[:0]
+	}
+	l.qs = append(l.qs, q)
+	l.learned = l.learned || d.Reason == policy.ReasonLearn
+	switch {
+	case l.stopped || l.cut == nil:
+	case l.watch != nil:
+		l.watch.add(q)
+	case l.learned:
+		l.watch = l.h.p.watchLearned(slices.Clone(l.qs), l.cut)
+	}
+	return d
+}
+
+// learnedAny reports whether learn mode allowed any question decided so
+// far.
+func (l *letThrough) learnedAny() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.learned
+}
+
+// arm is called once the request is let through, with what closes it:
+// from then on, while any of its questions was allowed by learn mode, they
+// are all watched.
+func (l *letThrough) arm(cut func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return
+	}
+	l.cut = cut
+	if l.learned {
+		l.watch = l.h.p.watchLearned(slices.Clone(l.qs), cut)
+	}
+}
+
+// stop ends the watch, if any, once the request is done.
+func (l *letThrough) stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopped = true
+	if l.watch != nil {
+		l.watch.stop()
+	}
 }
 
 // isHost reports whether a Host header or URL authority (host[:port])
@@ -363,11 +438,11 @@ func (h *bumpHandler) isHost(hostport string) bool {
 }
 
 // checkDestination refuses a Destination (see destination) that a rule
-// does not allow for each of methods, the request's own and the ones its
-// overrides name; rule names the rule that refused it.
-func (h *bumpHandler) checkDestination(source, dest string, methods []string) (rule string, err error) {
+// (or learn mode) does not allow for each of methods, the request's own
+// and the ones its overrides name; rule names the rule that refused it.
+func (h *bumpHandler) checkDestination(lt *letThrough, dest string, methods []string) (rule string, err error) {
 	for _, m := range methods {
-		d := h.decide(source, m, dest)
+		d := lt.decide(m, dest)
 		if d.Verdict == policy.Allow {
 			continue
 		}
@@ -421,27 +496,21 @@ func (h *bumpHandler) forbid(w http.ResponseWriter, r *http.Request, rec *Reques
 		suggest: r.Method + " " + h.host + r.URL.EscapedPath(), approvalURL: h.p.cfg.ApprovalURL}.write(w)
 }
 
-// decide decides a request of member source, by method and target, to
-// the connection's host.
-func (h *bumpHandler) decide(source, method, target string) policy.Decision {
-	return h.p.cfg.Policy.Decide(policy.Query{Source: source, Host: h.host, Port: h.port, Method: method, Path: target})
-}
-
 // bodyOverrides decides the methods a request's form body names as
 // overrides: each must be allowed by a rule of its own, since nobody can
 // be asked once the body is on its way, and so must the request's
 // Destination (dest, if it has one) for it.
-func (h *bumpHandler) bodyOverrides(method, source, target, dest string, methods []string) *overrideRefusal {
+func (h *bumpHandler) bodyOverrides(lt *letThrough, method, target, dest string, methods []string) *overrideRefusal {
 	for _, m := range methods {
 		if m == strings.ToUpper(method) {
 			continue
 		}
-		d := h.decide(source, m, target)
+		d := lt.decide(m, target)
 		if d.Verdict == policy.Allow {
 			if dest == "" {
 				continue
 			}
-			rule, err := h.checkDestination(source, dest, []string{m})
+			rule, err := h.checkDestination(lt, dest, []string{m})
 			if err == nil {
 				continue
 			}

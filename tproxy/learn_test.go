@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -234,5 +236,95 @@ func TestLearnedWebSocketCutWhenLearnModeTurnedOff(t *testing.T) {
 	}
 	if !testenv.Poll(5*time.Second, func() bool { return echo() != nil }) {
 		t.Errorf("learn mode was turned off but the WebSocket it let through still carries data")
+	}
+}
+
+// A request a rule lets through in part, and learn mode in part, is
+// watched for every question it was let through on: its target, each
+// override (header, query, body) and its Destination, for its method and
+// each override's. Turning learn mode off cuts it, its body streaming
+// upstream, once the part learn mode allowed is denied (review 47).
+func TestLearnedPartOfRequestCutWhenLearnModeTurnedOff(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rules []string // each with the port to fill in
+		head  string   // the request line and headers, without Host
+		body  string   // its first bytes
+		// learned is the question only learn mode allows.
+		learned policy.Query
+	}{
+		{"Destination", []string{"api.allowed.test:%d/v1/*"},
+			"MOVE /v1/echo HTTP/1.1\r\nDestination: /v2/moved\r\n", "hello",
+			policy.Query{Method: "MOVE", Path: "/v2/moved"}},
+		{"header override", []string{"POST api.allowed.test:%d/v1/*"},
+			"POST /v1/echo HTTP/1.1\r\nX-HTTP-Method-Override: DELETE\r\nContent-Type: application/octet-stream\r\n", "hello",
+			policy.Query{Method: "DELETE", Path: "/v1/echo"}},
+		{"query override", []string{"POST api.allowed.test:%d/v1/*"},
+			"POST /v1/echo?_method=DELETE HTTP/1.1\r\nContent-Type: application/octet-stream\r\n", "hello",
+			policy.Query{Method: "DELETE", Path: "/v1/echo?_method=DELETE"}},
+		{"form override", []string{"POST api.allowed.test:%d/v1/*"},
+			"POST /v1/echo HTTP/1.1\r\nContent-Type: application/x-www-form-urlencoded\r\n", "_method=DELETE&a=",
+			policy.Query{Method: "DELETE", Path: "/v1/echo"}},
+		{"Destination of a form override", []string{"api.allowed.test:%d/v1/*", "POST api.allowed.test:%d/v2/*"},
+			"POST /v1/echo HTTP/1.1\r\nDestination: /v2/moved\r\nContent-Type: application/x-www-form-urlencoded\r\n", "_method=MOVE&a=",
+			policy.Query{Method: "MOVE", Path: "/v2/moved"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startUpstream(t)
+			port := up.httpsPort
+			until := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+			var patterns []string
+			for _, r := range tc.rules {
+				patterns = append(patterns, strings.ReplaceAll(r, "%d", fmt.Sprint(port)))
+			}
+			yaml := strings.Replace(rules(port, patterns...), "sandbox:\n",
+				fmt.Sprintf("sandbox:\n  unknown_action: learn\n  learn_until: %q\n", until.Format(time.RFC3339)), 1)
+			h, ca := newBumpHarness(t, up, netip.AddrPortFrom(fake("api.allowed.test"), port), yaml)
+			q := tc.learned
+			q.Host, q.Port = "api.allowed.test", port
+			if d := h.sandbox.Decide(q); d.Reason != policy.ReasonLearn {
+				t.Fatalf("%s %s is not learned: %+v", q.Method, q.Path, d)
+			}
+			roots := x509.NewCertPool()
+			roots.AppendCertsFromPEM(ca.CertPEM())
+			c, err := tls.Dial("tcp4", h.proxy.Addr().String(), &tls.Config{ServerName: "api.allowed.test", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "%sHost: api.allowed.test:%d\r\nContent-Length: 10000000\r\n\r\n%s", tc.head, port, tc.body)
+			// Under way: more of the body is taken, and the connection
+			// neither answers (the echo is still buffered upstream) nor
+			// ends.
+			alive := func() bool {
+				c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+				if _, err := c.Write([]byte("more body")); err != nil {
+					return false
+				}
+				buf := make([]byte, 1)
+				_, err := c.Read(buf)
+				var ne net.Error
+				return err == nil || errors.As(err, &ne) && ne.Timeout()
+			}
+			if !alive() {
+				t.Fatal("the request is not under way while learning")
+			}
+			if !testenv.Poll(5*time.Second, func() bool { return h.proxy.checkLearned() == 1 }) {
+				t.Fatalf("%d requests watched as learned, want 1", h.proxy.checkLearned())
+			}
+			if !alive() {
+				t.Fatal("the request was cut while learning")
+			}
+			deny := policy.ActionDeny
+			if _, err := h.sandbox.SetSettings(policy.Settings{UnknownAction: &deny}); err != nil {
+				t.Fatal(err)
+			}
+			if d := h.sandbox.Decide(q); d.Verdict == policy.Allow {
+				t.Fatalf("%s %s is still allowed: %+v", q.Method, q.Path, d)
+			}
+			if !testenv.Poll(5*time.Second, func() bool { return !alive() }) {
+				t.Errorf("learn mode was turned off and the %s %s it let through is denied, but the request still streams its body upstream", q.Method, q.Path)
+			}
+		})
 	}
 }

@@ -578,12 +578,12 @@ func (p *Proxy) act(c *conn, t target, a action) {
 		}
 		p.mu.Unlock()
 		if a.decision.Reason == policy.ReasonLearn {
-			stop := p.watchLearned([]policy.Query{{Source: c.rec.Source, Host: t.host, Port: t.dst.Port()}}, func() {
+			w := p.watchLearned([]policy.Query{{Source: c.rec.Source, Host: t.host, Port: t.dst.Port()}}, func() {
 				p.log.Info("learn mode ended: connection closed", "sandbox", p.cfg.Sandbox, "source", c.rec.Source, "host", t.host, "port", t.dst.Port())
 				c.client.Close()
 				up.Close()
 			})
-			defer stop()
+			defer w.stop()
 		}
 		p.splice(c, up, t.name, a.inspect)
 	}
@@ -599,32 +599,45 @@ type learnWatch struct {
 	qs  []policy.Query
 	cut func()
 
-	mu    sync.Mutex // serialises check: a later answer is never undone by an earlier one
+	mu    sync.Mutex // guards qs (see add); serialises check: a later answer is never undone by an earlier one
 	timer *time.Timer
 	done  bool
 }
 
 // watchLearned watches what learn mode let through (see learnWatch) until
-// the func it returns is called; it decides qs once at once, so that a
-// change of the policy since they were decided is not missed. A watch
-// costs a map entry and a timer: no goroutine.
-func (p *Proxy) watchLearned(qs []policy.Query, cut func()) (stop func()) {
+// its stop is called; it decides qs once at once, so that a change of the
+// policy since they were decided is not missed. A watch costs a map entry
+// and a timer: no goroutine.
+func (p *Proxy) watchLearned(qs []policy.Query, cut func()) *learnWatch {
 	w := &learnWatch{p: p, qs: qs, cut: cut}
 	p.learnMu.Lock()
 	p.learned[w] = struct{}{}
 	p.learnMu.Unlock()
 	w.check()
-	return func() {
-		w.mu.Lock()
-		w.done = true
-		if w.timer != nil {
-			w.timer.Stop()
-		}
-		w.mu.Unlock()
-		p.learnMu.Lock()
-		delete(p.learned, w)
-		p.learnMu.Unlock()
+	return w
+}
+
+// add watches q too, a question decided after the watch began (a body's
+// override), and decides them all at once.
+func (w *learnWatch) add(q policy.Query) {
+	w.mu.Lock()
+	w.qs = append(w.qs, q)
+	w.mu.Unlock()
+	w.check()
+}
+
+// stop ends the watch: what it watched is closed, or let through by
+// something else.
+func (w *learnWatch) stop() {
+	w.mu.Lock()
+	w.done = true
+	if w.timer != nil {
+		w.timer.Stop()
 	}
+	w.mu.Unlock()
+	w.p.learnMu.Lock()
+	delete(w.p.learned, w)
+	w.p.learnMu.Unlock()
 }
 
 // check decides the watch's queries again: it cuts what none allows any
