@@ -19,7 +19,7 @@ func TestWebLearnProposalAndPresets(t *testing.T) {
 	if code, body := call(t, w, token, "PATCH", "/sandboxes/default/settings", `{"unknown_action": "learn"}`); code != 200 {
 		t.Fatalf("learn: %d %s", code, body)
 	}
-	for _, u := range []string{"http://a.cdn.test/x", "http://b.cdn.test/y", "http://c.cdn.test/z", "http://pkgs.test/simple/requests/", "http://allowed.test/"} {
+	for _, u := range []string{"http://a.cdn.test/assets/x", "http://b.cdn.test/assets/y", "http://c.cdn.test/assets/z", "http://pkgs.test/simple/requests/", "http://allowed.test/"} {
 		if r := w.Run(cfg, "default", "agent", 30*time.Second, "curl", "-sS", "-m", "10", u); r.Stdout != "internet" {
 			t.Fatalf("%s: %q %q", u, r.Stdout, r.Stderr)
 		}
@@ -34,8 +34,9 @@ func TestWebLearnProposalAndPresets(t *testing.T) {
 		t.Errorf("banner: %q", squash(banner))
 	}
 
-	// The proposal, reviewed: allowed.test unticked, pkgs.test's pattern
-	// widened to the whole index, the rest saved in one click.
+	// The proposal, reviewed: allowed.test, reached only at /, is flagged
+	// (it would allow every path and method) and left unticked; pkgs.test's
+	// pattern is widened to the whole index, and the rest saved in one click.
 	var rows []string
 	if err := chromedp.Run(ctx,
 		click("#learn-review"),
@@ -45,8 +46,8 @@ func TestWebLearnProposalAndPresets(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"*.cdn.test | true | agent 3 http://a.cdn.test/x GET http://b.cdn.test/y GET http://c.cdn.test/z",
-		"allowed.test | true | agent 1 GET http://allowed.test/",
+		"*.cdn.test/assets/* | true | agent 3 http://a.cdn.test/assets/x GET http://b.cdn.test/assets/y GET http://c.cdn.test/assets/z",
+		"allowed.test | false | agent 1 GET http://allowed.test/",
 		"pkgs.test/simple/requests/* | true | agent 1 GET http://pkgs.test/simple/requests/",
 	}
 	if len(rows) != len(want) {
@@ -63,7 +64,6 @@ func TestWebLearnProposalAndPresets(t *testing.T) {
 	shot(t, ctx, w, "proposal.png")
 	var saveText, status string
 	if err := chromedp.Run(ctx,
-		click(`#proposal-rows input[aria-label="save allowed.test"]`),
 		setValue(`#proposal-rows textarea[aria-label="pattern for pkgs.test"]`, "pkgs.test/simple/*"),
 		chromedp.Text("#proposal-save", &saveText, chromedp.ByID),
 		click("#proposal-save"),
@@ -76,7 +76,7 @@ func TestWebLearnProposalAndPresets(t *testing.T) {
 		t.Errorf("save button %q, status %q", saveText, status)
 	}
 	text, _ := os.ReadFile(pol)
-	for _, s := range []string{`pattern: "*.cdn.test"`, `pattern: "pkgs.test/simple/*"`, `source: "learned `} {
+	for _, s := range []string{`pattern: "*.cdn.test/assets/*"`, `pattern: "pkgs.test/simple/*"`, `source: "learned `} {
 		if !strings.Contains(string(text), s) {
 			t.Errorf("policy file lacks %s:\n%s", s, text)
 		}
