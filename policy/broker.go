@@ -162,8 +162,10 @@ type BrokerConfig struct {
 	// Timeout is how long a pending approval waits; 0 means the sandbox's
 	// approval_timeout at the time of asking.
 	Timeout time.Duration
-	// OnEvent receives approvals opened and decided; nil means none. It
-	// must not block.
+	// OnEvent receives approvals opened and decided, in the order of the
+	// changes; nil means none. It must not block, nor decide (it may call
+	// List and Get): the change that queued an event waits for its
+	// delivery.
 	OnEvent func(BrokerEvent)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -202,10 +204,12 @@ type Broker struct {
 	// against the bounds on held asks.
 	taken map[*pendingState]struct{}
 	// queue holds events in the order of the changes they report, which
-	// are made under mu; flush delivers them, one caller at a time
-	// (deliver), outside mu.
-	queue   []BrokerEvent
-	deliver sync.Mutex
+	// are made under mu; flush delivers them outside mu, one batch at a
+	// time (delivering), and returns once its caller's own are delivered.
+	queue           []BrokerEvent
+	queued, handed  int // events queued and delivered, ever
+	delivering      bool
+	deliveredOrIdle *sync.Cond // on mu: a batch was delivered
 }
 
 type pendingState struct {
@@ -306,7 +310,9 @@ func NewBroker(cfg BrokerConfig) (*Broker, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Broker{cfg: cfg, pending: make(map[string]*pendingState), taken: make(map[*pendingState]struct{})}, nil
+	b := &Broker{cfg: cfg, pending: make(map[string]*pendingState), taken: make(map[*pendingState]struct{})}
+	b.deliveredOrIdle = sync.NewCond(&b.mu)
+	return b, nil
 }
 
 // ErrNoPending is wrapped by Decide's error for an unknown or already
@@ -402,7 +408,7 @@ func (b *Broker) join(req AskRequest, w *waiter) string {
 	}
 	b.openLocked(ps, []*waiter{w})
 	b.mu.Unlock()
-	b.flush(false)
+	b.flush()
 	return ""
 }
 
@@ -458,7 +464,7 @@ func (b *Broker) leave(w *waiter) bool {
 	}
 	b.goneLocked(ps)
 	b.mu.Unlock()
-	b.flush(false)
+	b.flush()
 	return true
 }
 
@@ -560,7 +566,7 @@ func (b *Broker) decidedLocked(ps *pendingState, answered []*waiter, action stri
 // tell delivers the events queued, then answers waiters: the monitor and
 // the audit log show a decision ahead of the traffic it lets through.
 func (b *Broker) tell(waiters []*waiter, out Outcome, action string, rule *Rule) {
-	b.flush(true)
+	b.flush()
 	out.Action = action
 	if out.Rule == nil {
 		out.Rule = rule
@@ -687,7 +693,7 @@ func (b *Broker) denyAndSave(ps *pendingState, pattern string) (*Rule, error) {
 	if err != nil {
 		b.putBackLocked(ps)
 		b.mu.Unlock()
-		b.flush(false)
+		b.flush()
 		return nil, err
 	}
 	waiters := b.decidedLocked(ps, ps.waiters, "deny", rule)
@@ -718,7 +724,7 @@ func (b *Broker) allowPattern(ps *pendingState, c Choice) (*Rule, error) {
 	if err != nil {
 		b.putBackLocked(ps)
 		b.mu.Unlock()
-		b.flush(false)
+		b.flush()
 		return nil, err
 	}
 	yes, rest := ps.waiters, []*waiter(nil)
@@ -823,35 +829,37 @@ func (b *Broker) ReleaseAllowed() {
 func (b *Broker) queueLocked(e BrokerEvent) {
 	if b.cfg.OnEvent != nil {
 		b.queue = append(b.queue, e)
+		b.queued++
 	}
 }
 
-// flush delivers the queued events, in order, outside b.mu. With wait, it
-// returns once every event queued before the call has been delivered (a
-// decision is announced before its traffic goes); without, it leaves them
-// to a delivery under way, if there is one, which delivers them before it
-// ends: it ends only under b.mu with the queue empty.
-func (b *Broker) flush(wait bool) {
+// flush delivers the queued events, in order, outside b.mu, and returns
+// once every event queued before the call has been delivered: a decision
+// is announced before its traffic goes, and whoever makes changes (a
+// member opening and dropping approvals, too) waits for their
+// announcement, so that nobody's is put off by another's stream of them.
+// Events are delivered a batch at a time, by whichever caller finds none
+// under way.
+func (b *Broker) flush() {
 	if b.cfg.OnEvent == nil {
 		return
 	}
-	if wait {
-		b.deliver.Lock()
-	} else if !b.deliver.TryLock() {
-		return
-	}
-	for {
-		b.mu.Lock()
-		events := b.queue
-		b.queue = nil
-		if len(events) == 0 {
-			b.deliver.Unlock()
-			b.mu.Unlock()
-			return
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for mine := b.queued; b.handed < mine; {
+		if b.delivering {
+			b.deliveredOrIdle.Wait()
+			continue
 		}
+		events := b.queue
+		b.queue, b.delivering = nil, true
 		b.mu.Unlock()
 		for _, e := range events {
 			b.cfg.OnEvent(e)
 		}
+		b.mu.Lock()
+		b.handed += len(events)
+		b.delivering = false
+		b.deliveredOrIdle.Broadcast()
 	}
 }
