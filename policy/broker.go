@@ -845,7 +845,6 @@ func (b *Broker) flush() {
 		return
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for mine := b.queued; b.handed < mine; {
 		if b.delivering {
 			b.deliveredOrIdle.Wait()
@@ -854,12 +853,33 @@ func (b *Broker) flush() {
 		events := b.queue
 		b.queue, b.delivering = nil, true
 		b.mu.Unlock()
-		for _, e := range events {
-			b.cfg.OnEvent(e)
-		}
-		b.mu.Lock()
+		b.deliverBatch(events)
+	}
+	b.mu.Unlock()
+}
+
+// deliverBatch hands a batch to OnEvent and returns with b.mu locked. Should
+// OnEvent panic, the batch counts as delivered, the next caller may
+// deliver, and the panic goes on to the caller with b.mu unlocked: the
+// broker stays usable for whoever recovers it.
+func (b *Broker) deliverBatch(events []BrokerEvent) {
+	delivered := func() {
 		b.handed += len(events)
 		b.delivering = false
 		b.deliveredOrIdle.Broadcast()
 	}
+	ok := false
+	defer func() {
+		if !ok {
+			b.mu.Lock()
+			delivered()
+			b.mu.Unlock()
+		}
+	}()
+	for _, e := range events {
+		b.cfg.OnEvent(e)
+	}
+	ok = true
+	b.mu.Lock()
+	delivered()
 }
