@@ -676,19 +676,34 @@ func (b *Broker) Decide(id string, c Choice) (*Rule, error) {
 // decision refused; if the rule cannot be saved, it is put back as it was
 // (or times out, if its time ran out meanwhile) and nothing changed.
 func (b *Broker) denyAndSave(ps *pendingState, pattern string) (*Rule, error) {
-	b.mu.Lock()
-	if !b.takeLocked(ps) {
-		b.mu.Unlock()
-		return nil, fmt.Errorf("decide %s: %w", ps.ID, ErrNoPending)
-	}
-	b.mu.Unlock()
 	if pattern == "" {
 		pattern = ps.Host
 		if isIPLiteral(ps.Host) {
 			pattern = "cidr:" + ps.Host + "/32"
 		}
 	}
-	rule, err := b.cfg.Sandbox.Add(AddRequest{Pattern: pattern, List: Denylist, Persist: true, Source: "denied during run"})
+	rule, err := b.takeAndSave(ps, AddRequest{Pattern: pattern, List: Denylist, Persist: true, Source: "denied during run"})
+	if err != nil {
+		return nil, err
+	}
+	waiters := b.decidedLocked(ps, ps.waiters, "deny", rule)
+	b.mu.Unlock()
+	b.tell(waiters, Outcome{Reason: "denied by a person"}, "deny", rule)
+	return rule, nil
+}
+
+// takeAndSave takes ps off the list and saves req's rule meanwhile (see
+// denyAndSave and allowPattern). It returns the rule with b.mu locked, for
+// the caller to answer ps; or an error, with ps put back (see
+// putBackLocked) and b.mu unlocked.
+func (b *Broker) takeAndSave(ps *pendingState, req AddRequest) (*Rule, error) {
+	b.mu.Lock()
+	if !b.takeLocked(ps) {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("decide %s: %w", ps.ID, ErrNoPending)
+	}
+	b.mu.Unlock()
+	r, err := b.cfg.Sandbox.Add(req)
 	b.mu.Lock()
 	if err != nil {
 		b.putBackLocked(ps)
@@ -696,10 +711,7 @@ func (b *Broker) denyAndSave(ps *pendingState, pattern string) (*Rule, error) {
 		b.flush()
 		return nil, err
 	}
-	waiters := b.decidedLocked(ps, ps.waiters, "deny", rule)
-	b.mu.Unlock()
-	b.tell(waiters, Outcome{Reason: "denied by a person"}, "deny", rule)
-	return rule, nil
+	return r, nil
 }
 
 // allowPattern adds the person's allow rule, then answers the approval.
@@ -713,18 +725,8 @@ func (b *Broker) denyAndSave(ps *pendingState, pattern string) (*Rule, error) {
 // rules allow is released. A rule that cannot be saved puts the approval
 // back (see putBackLocked).
 func (b *Broker) allowPattern(ps *pendingState, c Choice) (*Rule, error) {
-	b.mu.Lock()
-	if !b.takeLocked(ps) {
-		b.mu.Unlock()
-		return nil, fmt.Errorf("decide %s: %w", ps.ID, ErrNoPending)
-	}
-	b.mu.Unlock()
-	r, err := b.cfg.Sandbox.Add(AddRequest{Pattern: c.Pattern, List: Allowlist, Persist: c.Persist, Force: c.Force, Source: "approved during run"})
-	b.mu.Lock()
+	r, err := b.takeAndSave(ps, AddRequest{Pattern: c.Pattern, List: Allowlist, Persist: c.Persist, Force: c.Force, Source: "approved during run"})
 	if err != nil {
-		b.putBackLocked(ps)
-		b.mu.Unlock()
-		b.flush()
 		return nil, err
 	}
 	yes, rest := ps.waiters, []*waiter(nil)

@@ -752,18 +752,8 @@ func TestBrokerPersistedDenyIsAllOrNothing(t *testing.T) {
 // showing a request that went away: it ends "gone" and the others are
 // asked anew, each shown with its own request (invariant 13).
 func TestBrokerFailedSaveAfterTheShownRequestLeft(t *testing.T) {
-	old := lockWait
-	lockWait = 300 * time.Millisecond
-	t.Cleanup(func() { lockWait = old })
 	b, _, path, events := newTestBroker(t, time.Minute)
-	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
+	holdPolicyLock(t, path)
 	req := func(n string) AskRequest {
 		return AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "POST", URL: "https://x.example/upload",
 			Headers: map[string][]string{"X-N": {n}}, Reason: "reason " + n}
@@ -805,18 +795,8 @@ func TestBrokerFailedSaveAfterTheShownRequestLeft(t *testing.T) {
 // After a failed save whose shown request left, allow once lets through the
 // request the new approval shows, and is announced for it.
 func TestBrokerFailedSaveThenAllowOnce(t *testing.T) {
-	old := lockWait
-	lockWait = 300 * time.Millisecond
-	t.Cleanup(func() { lockWait = old })
 	b, _, path, events := newTestBroker(t, time.Minute)
-	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
+	holdPolicyLock(t, path)
 	req := func(n string) AskRequest {
 		return AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "POST", URL: "https://x.example/upload",
 			Headers: map[string][]string{"X-N": {n}}}
@@ -909,18 +889,8 @@ func TestBrokerAllowPatternLetsThroughOnlyWhatWasShown(t *testing.T) {
 // save fails, the first is not put back beside it: one question, one
 // approval (design §5.2).
 func TestBrokerFailedSaveKeepsOneApprovalPerQuestion(t *testing.T) {
-	old := lockWait
-	lockWait = 300 * time.Millisecond
-	t.Cleanup(func() { lockWait = old })
 	b, _, path, _ := newTestBroker(t, time.Minute)
-	lock, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
+	holdPolicyLock(t, path)
 	req := AskRequest{Source: "agent", Host: "x.example", Port: 443, Method: "GET", URL: "https://x.example/a"}
 	ask(t, b, req)
 	p := waitPending(t, b, 1, 1)[0]
