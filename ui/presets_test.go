@@ -102,6 +102,15 @@ func TestLearnThroughTheAPI(t *testing.T) {
 	if code, body := h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"learn_until": "soon"}`); code != 400 || !strings.Contains(body, "duration such as 2h") {
 		t.Errorf("bad learn_until: %d %s", code, body)
 	}
+	before, _ := os.ReadFile(h.policy)
+	for _, zero := range []string{"0001-01-01T00:00:00Z", "1969-12-31T23:59:59Z"} {
+		if code, body := h.do(t, "PATCH", "/api/v1/sandboxes/myapp/settings", `{"learn_until": "`+zero+`"}`); code != 400 || !strings.Contains(body, "after 1970") {
+			t.Errorf("learn_until %s: %d %s, want a 400", zero, code, body)
+		}
+	}
+	if after, _ := os.ReadFile(h.policy); string(after) != string(before) {
+		t.Errorf("a refused learn_until changed the file")
+	}
 }
 
 func TestCreatedSandboxStartsWithPackageManagers(t *testing.T) {

@@ -134,6 +134,10 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("%q: want an RFC 3339 time such as 2025-01-15T10:30:00Z or a duration such as 2h", truncate(s, 40))
 	}
+	if t.Year() < 1970 {
+		// The zero time stands for no end in the policy file.
+		return time.Time{}, fmt.Errorf("%q: want a time after 1970", truncate(s, 40))
+	}
 	return t, nil
 }
 
