@@ -376,14 +376,10 @@ func (b *Broker) join(req AskRequest, w *waiter) string {
 			return fmt.Sprintf("too many held requests of this member (limit %d); denied without asking", b.cfg.MaxHeldPerMember)
 		}
 	}
-	for _, ps := range b.pending {
-		if ps.key == key {
-			ps.waiters = append(ps.waiters, w)
-			ps.Waiting = len(ps.waiters)
-			w.ps = ps
-			b.mu.Unlock()
-			return ""
-		}
+	if open := b.openForLocked(key); open != nil {
+		b.holdLocked(open, []*waiter{w})
+		b.mu.Unlock()
+		return ""
 	}
 	var sugg []Suggestion
 	url := req.URL
@@ -484,33 +480,54 @@ func (b *Broker) requeueLocked(ps *pendingState, waiters []*waiter) {
 	if len(waiters) == 0 {
 		return
 	}
-	for _, open := range b.pending {
-		if open.key == ps.key {
-			open.waiters = append(open.waiters, waiters...)
-			open.Waiting = len(open.waiters)
-			for _, w := range waiters {
-				w.ps = open
-			}
-			return
-		}
+	if open := b.openForLocked(ps.key); open != nil {
+		b.holdLocked(open, waiters)
+		return
 	}
 	next := &pendingState{Pending: ps.Pending, key: ps.key, query: ps.query}
 	next.Sources = slices.Clone(ps.Sources)
 	b.openLocked(next, slices.Clone(waiters))
 }
 
+// openForLocked is the pending approval for the question key, or nil.
+func (b *Broker) openForLocked(key askKey) *pendingState {
+	for _, ps := range b.pending {
+		if ps.key == key {
+			return ps
+		}
+	}
+	return nil
+}
+
+// holdLocked holds waiters on the open approval ps, behind those there.
+func (b *Broker) holdLocked(ps *pendingState, waiters []*waiter) {
+	ps.waiters = append(ps.waiters, waiters...)
+	ps.Waiting = len(ps.waiters)
+	for _, w := range waiters {
+		w.ps = ps
+	}
+}
+
+// shownAndRest splits a taken approval's waiters into the one it shows
+// (none, if that one left) and the others.
+func shownAndRest(ps *pendingState) (shown, rest []*waiter) {
+	for _, w := range ps.waiters {
+		if w == ps.shown {
+			shown = []*waiter{w}
+		} else {
+			rest = append(rest, w)
+		}
+	}
+	return shown, rest
+}
+
 // putBackLocked returns an approval taken off the list to be decided (a
 // decision that failed) as it was, with the time it has left, when nothing
 // changed meanwhile. When its shown request went away, or the same question
-// was asked again in an approval of its own meanwhile, it ends (gone, in
-// gone) and those still waiting are asked anew.
+// was asked again in an approval of its own meanwhile, it ends (decided
+// "gone") and those still waiting are asked anew.
 func (b *Broker) putBackLocked(ps *pendingState) {
-	shownHere := slices.Contains(ps.waiters, ps.shown)
-	other := false
-	for _, open := range b.pending {
-		other = other || open.key == ps.key
-	}
-	if shownHere && !other {
+	if slices.Contains(ps.waiters, ps.shown) && b.openForLocked(ps.key) == nil {
 		delete(b.taken, ps)
 		b.pending[ps.ID] = ps
 		ps.timer.Reset(max(ps.Deadline.Sub(b.cfg.Now()), 0))
@@ -590,9 +607,8 @@ func (b *Broker) allowOnce(ps *pendingState) bool {
 	}
 	// The shown waiter is there: had it left, the approval would have
 	// been asked anew (see leave).
-	first := ps.shown
-	rest := slices.DeleteFunc(slices.Clone(ps.waiters), func(w *waiter) bool { return w == first })
-	yes := b.decidedLocked(ps, []*waiter{first}, "allow_once", nil)
+	shown, rest := shownAndRest(ps)
+	yes := b.decidedLocked(ps, shown, "allow_once", nil)
 	b.requeueLocked(ps, rest)
 	b.mu.Unlock()
 	b.tell(yes, Outcome{Allowed: true, Reason: "approved once"}, "allow_once", nil)
@@ -733,11 +749,7 @@ func (b *Broker) allowPattern(ps *pendingState, c Choice) (*Rule, error) {
 	// A member's request holds no traffic: its answer lets nothing through,
 	// so every asker of it learns the decision.
 	if d := b.cfg.Sandbox.Decide(ps.query); !ps.Requested && (d.Verdict != Allow || d.Rule == nil) {
-		yes = nil
-		if slices.Contains(ps.waiters, ps.shown) {
-			yes = []*waiter{ps.shown}
-		}
-		rest = slices.DeleteFunc(slices.Clone(ps.waiters), func(w *waiter) bool { return w == ps.shown })
+		yes, rest = shownAndRest(ps)
 	}
 	yes = b.decidedLocked(ps, yes, "allow_pattern", r)
 	b.requeueLocked(ps, rest)
